@@ -1,0 +1,208 @@
+//! API keys and the tenants they belong to.
+//!
+//! Keys are never stored: the config holds `sha256:<hex>` of each key, and a presented key is
+//! hashed and looked up by its hash, then compared in constant time. With no keys configured the
+//! gateway is open (the localhost sidecar case) and every caller is the `anonymous` tenant.
+//! Accepted as `Authorization: Bearer <key>` (what the OpenAI SDKs send) or `x-api-key: <key>`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use http::{HeaderMap, StatusCode};
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::{Config, KeyConfig};
+use crate::fleet::Fleet;
+use crate::openai::ApiError;
+
+/// The prefix of keys minted by `sluice key new`.
+pub const KEY_PREFIX: &str = "sk-sluice-";
+
+/// Who is calling.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The key's name, or `anonymous` on an open gateway.
+    pub key: String,
+    pub tenant: String,
+    /// `None` on an open gateway.
+    pub config: Option<Arc<KeyConfig>>,
+}
+
+impl Identity {
+    pub fn anonymous() -> Identity {
+        Identity {
+            key: "anonymous".into(),
+            tenant: "anonymous".into(),
+            config: None,
+        }
+    }
+
+    /// Whether this identity may use `model` (client name or alias).
+    pub fn allows(&self, fleet: &Fleet, model: &str) -> bool {
+        match &self.config {
+            None => true,
+            Some(k) if k.models.is_empty() => true,
+            Some(k) => k.models.iter().any(|m| fleet.same_model(model, m)),
+        }
+    }
+}
+
+/// The keys of one config snapshot.
+#[derive(Debug, Default)]
+pub struct KeyStore {
+    by_hash: HashMap<[u8; 32], Arc<KeyConfig>>,
+}
+
+impl KeyStore {
+    pub fn new(config: &Config) -> KeyStore {
+        KeyStore {
+            by_hash: config
+                .keys
+                .iter()
+                .map(|k| (k.hash, Arc::new(k.clone())))
+                .collect(),
+        }
+    }
+
+    /// No keys configured: anyone may call.
+    pub fn is_open(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+
+    /// The identity behind the request's key.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Identity, ApiError> {
+        if self.is_open() {
+            return Ok(Identity::anonymous());
+        }
+        let presented = presented_key(headers).ok_or_else(|| {
+            unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer <key>`.")
+        })?;
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        // Look up by hash (the hash of a secret leaks nothing), then compare in constant time,
+        // and do the same amount of work for unknown keys.
+        let found = self.by_hash.get(&digest);
+        let reference = found.map(|k| k.hash).unwrap_or([0u8; 32]);
+        let equal: bool = reference.ct_eq(&digest).into();
+        match found {
+            Some(k) if equal => {
+                if k.disabled {
+                    return Err(unauthorized("This API key has been disabled."));
+                }
+                if k.expires_at.is_some_and(|t| t <= SystemTime::now()) {
+                    return Err(unauthorized("This API key has expired."));
+                }
+                Ok(Identity {
+                    key: k.name.clone(),
+                    tenant: k.tenant.clone(),
+                    config: Some(k.clone()),
+                })
+            }
+            _ => Err(unauthorized("Incorrect API key provided.")),
+        }
+    }
+}
+
+fn unauthorized(message: &str) -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
+        .with_code("invalid_api_key")
+}
+
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(v) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        let v = v.trim();
+        let (scheme, rest) = v.split_once(' ')?;
+        if scheme.eq_ignore_ascii_case("bearer") && !rest.trim().is_empty() {
+            return Some(rest.trim());
+        }
+        return None;
+    }
+    headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+}
+
+/// A new random key and the hash line for the config.
+pub fn mint() -> (String, String) {
+    let mut bytes = [0u8; 24];
+    rand::rng().fill_bytes(&mut bytes);
+    let key = format!("{KEY_PREFIX}{}", hex::encode(bytes));
+    let hash = hash_line(&key);
+    (key, hash)
+}
+
+/// `sha256:<hex>` of a key string.
+pub fn hash_line(key: &str) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(key.as_bytes())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::from_str;
+
+    fn store(extra: &str) -> (KeyStore, String) {
+        let (key, hash) = mint();
+        let cfg = from_str(
+            &format!("[[keys]]\nname = \"alice\"\nhash = \"{hash}\"\nmodels = [\"m1\"]\n{extra}"),
+            "t",
+        )
+        .unwrap();
+        (KeyStore::new(&cfg), key)
+    }
+
+    fn headers(pairs: &[(&'static str, String)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn minted_keys_are_prefixed_and_hash_matches() {
+        let (key, hash) = mint();
+        assert!(key.starts_with(KEY_PREFIX));
+        assert_eq!(key.len(), KEY_PREFIX.len() + 48);
+        assert_eq!(hash, hash_line(&key));
+        assert_ne!(mint().0, key);
+    }
+
+    #[test]
+    fn bearer_and_x_api_key() {
+        let (s, key) = store("");
+        let id = s.authenticate(&headers(&[("authorization", format!("Bearer {key}"))])).unwrap();
+        assert_eq!(id.tenant, "alice");
+        assert!(s.authenticate(&headers(&[("x-api-key", key.clone())])).is_ok());
+        for bad in [
+            headers(&[]),
+            headers(&[("authorization", "Bearer sk-sluice-nope".into())]),
+            headers(&[("authorization", format!("Basic {key}"))]),
+            headers(&[("authorization", "Bearer ".into())]),
+        ] {
+            let e = s.authenticate(&bad).unwrap_err();
+            assert_eq!(e.status, StatusCode::UNAUTHORIZED);
+        }
+    }
+
+    #[test]
+    fn disabled_and_expired() {
+        let (s, key) = store("disabled = true\n");
+        let e = s.authenticate(&headers(&[("x-api-key", key)])).unwrap_err();
+        assert!(e.message.contains("disabled"));
+        let (s, key) = store("expires_at = \"2001-01-01T00:00:00Z\"\n");
+        let e = s.authenticate(&headers(&[("x-api-key", key)])).unwrap_err();
+        assert!(e.message.contains("expired"));
+    }
+
+    #[test]
+    fn open_when_no_keys() {
+        let s = KeyStore::new(&Config::empty());
+        assert!(s.is_open());
+        assert_eq!(s.authenticate(&HeaderMap::new()).unwrap().tenant, "anonymous");
+    }
+}

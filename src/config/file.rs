@@ -1,0 +1,146 @@
+//! The config file as written: serde types with `deny_unknown_fields`, so a typo is an error
+//! with a line number instead of a silently ignored setting. Defaults live in [`super::validate`].
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub server: ServerSection,
+    pub admin: Option<AdminSection>,
+    #[serde(default)]
+    pub routing: RoutingSection,
+    #[serde(default)]
+    pub timeouts: TimeoutsSection,
+    #[serde(default)]
+    pub health: HealthSection,
+    #[serde(default)]
+    pub backends: Vec<BackendSection>,
+    #[serde(default)]
+    pub models: Vec<ModelSection>,
+    #[serde(default)]
+    pub keys: Vec<KeySection>,
+    #[serde(default)]
+    pub limits: LimitsSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub listen: Option<String>,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: Option<u64>,
+    /// Largest non-streaming response body read from a backend, in bytes.
+    pub max_response_bytes: Option<u64>,
+    /// How long in-flight requests may run after SIGTERM, e.g. "30s".
+    pub shutdown_grace: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSection {
+    pub listen: Option<String>,
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoutingSection {
+    pub policy: Option<String>,
+    /// Attempts per request across backends (failover), including the first.
+    pub max_attempts: Option<u32>,
+    /// Total time budget for finding a backend that answers, e.g. "10s".
+    pub failover_deadline: Option<String>,
+    /// Output tokens assumed when a request sets no `max_tokens`.
+    pub default_max_tokens: Option<u64>,
+    /// Add `x-sluice-backend` to responses, naming the backend that served them.
+    pub expose_backend_header: Option<bool>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutsSection {
+    /// TCP connect, e.g. "3s".
+    pub connect: Option<String>,
+    /// Streaming requests: until the response head arrives.
+    pub first_byte: Option<String>,
+    /// Non-streaming requests: until the response head arrives (the whole generation).
+    pub response: Option<String>,
+    /// Longest silence between two chunks of a response body.
+    pub idle: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthSection {
+    pub interval: Option<String>,
+    pub timeout: Option<String>,
+    pub healthy_threshold: Option<u32>,
+    pub unhealthy_threshold: Option<u32>,
+    /// Consecutive live-traffic failures that eject a backend at once.
+    pub eject_after_failures: Option<u32>,
+    /// First ejection time; doubles on each repeat, up to `max_ejection`.
+    pub base_ejection: Option<String>,
+    pub max_ejection: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSection {
+    pub name: String,
+    pub kind: String,
+    pub url: String,
+    /// Models this backend serves, by the names clients use. Empty: ask the backend.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Client model name → the name this backend knows it by.
+    #[serde(default)]
+    pub model_names: BTreeMap<String, String>,
+    /// Sent as `Authorization: Bearer …` to this backend.
+    pub api_key: Option<String>,
+    pub weight: Option<u32>,
+    pub max_concurrent: Option<u32>,
+    /// Probe path override (openai kind; default `/v1/models`).
+    pub health_path: Option<String>,
+    #[serde(default)]
+    pub timeouts: TimeoutsSection,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub name: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    /// Routing policy for this model (overrides `[routing].policy`).
+    pub policy: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySection {
+    pub name: String,
+    /// `sha256:<hex>` of the whole key string, from `sluice key new`.
+    pub hash: String,
+    /// Tenant (person, app or team) the key belongs to; defaults to the key's name.
+    pub tenant: Option<String>,
+    /// Models this key may use (client names or aliases); empty = all.
+    #[serde(default)]
+    pub models: Vec<String>,
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u64>,
+    pub max_concurrent: Option<u32>,
+    #[serde(default)]
+    pub disabled: bool,
+    /// RFC 3339 time after which the key is refused.
+    pub expires_at: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    pub redis_url: Option<String>,
+}

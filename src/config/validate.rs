@@ -1,0 +1,626 @@
+//! Validation of a [`FileConfig`] into the runtime [`Config`]: defaults applied, `${ENV}`
+//! expanded, addresses and URLs parsed, cross-references checked. Every problem is collected with
+//! its location (`backends[2].url: …`) so one run of `sluice check` shows them all.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use http::Uri;
+
+use super::env::{expand, Env};
+use super::file::{FileConfig, TimeoutsSection};
+
+/// Default largest request body: enough for a 128k-token prompt with room to spare.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The validated configuration a gateway runs on.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: Option<AdminConfig>,
+    pub routing: RoutingConfig,
+    pub health: HealthConfig,
+    pub backends: Vec<BackendConfig>,
+    pub models: Vec<ModelConfig>,
+    pub keys: Vec<KeyConfig>,
+    pub redis_url: Option<String>,
+    /// The file this came from, for reloads.
+    pub source: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    pub max_response_bytes: usize,
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyKind {
+    RoundRobin,
+    LeastRequest,
+    TokenAware,
+    PrefixAffinity,
+}
+
+impl FromStr for PolicyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "round-robin" => PolicyKind::RoundRobin,
+            "least-request" => PolicyKind::LeastRequest,
+            "token-aware" => PolicyKind::TokenAware,
+            "prefix-affinity" => PolicyKind::PrefixAffinity,
+            other => {
+                return Err(format!(
+                "unknown policy `{other}` (expected round-robin, least-request, token-aware or prefix-affinity)"
+            ))
+            }
+        })
+    }
+}
+
+impl PolicyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::RoundRobin => "round-robin",
+            PolicyKind::LeastRequest => "least-request",
+            PolicyKind::TokenAware => "token-aware",
+            PolicyKind::PrefixAffinity => "prefix-affinity",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RoutingConfig {
+    pub policy: PolicyKind,
+    pub max_attempts: u32,
+    pub failover_deadline: Duration,
+    pub default_max_tokens: u64,
+    pub expose_backend_header: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub healthy_threshold: u32,
+    pub unhealthy_threshold: u32,
+    pub eject_after_failures: u32,
+    pub base_ejection: Duration,
+    pub max_ejection: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    Vllm,
+    Tgi,
+    Ollama,
+    OpenAi,
+}
+
+impl FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "vllm" => BackendKind::Vllm,
+            "tgi" => BackendKind::Tgi,
+            "ollama" => BackendKind::Ollama,
+            "openai" => BackendKind::OpenAi,
+            other => {
+                return Err(format!(
+                    "unknown kind `{other}` (expected vllm, tgi, ollama or openai)"
+                ))
+            }
+        })
+    }
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Vllm => "vllm",
+            BackendKind::Tgi => "tgi",
+            BackendKind::Ollama => "ollama",
+            BackendKind::OpenAi => "openai",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub first_byte: Duration,
+    pub response: Duration,
+    pub idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(3),
+            first_byte: Duration::from_secs(60),
+            response: Duration::from_secs(600),
+            idle: Duration::from_secs(120),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    pub name: String,
+    pub kind: BackendKind,
+    /// Scheme and authority, plus a path prefix when the server lives under one.
+    pub url: Uri,
+    /// Client-facing model names configured for this backend (empty: discover).
+    pub models: Vec<String>,
+    /// Client model name → backend model name.
+    pub model_names: BTreeMap<String, String>,
+    pub api_key: Option<String>,
+    pub weight: u32,
+    pub max_concurrent: Option<u32>,
+    pub health_path: Option<String>,
+    pub timeouts: Timeouts,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub name: String,
+    pub aliases: Vec<String>,
+    pub policy: Option<PolicyKind>,
+}
+
+#[derive(Debug, Clone)]
+pub struct KeyConfig {
+    pub name: String,
+    pub tenant: String,
+    /// SHA-256 of the key string.
+    pub hash: [u8; 32],
+    pub models: Vec<String>,
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u64>,
+    pub max_concurrent: Option<u32>,
+    pub disabled: bool,
+    pub expires_at: Option<SystemTime>,
+}
+
+impl Config {
+    /// A config with defaults and no backends: the base for tests and `sluice demo`.
+    pub fn empty() -> Config {
+        validate(FileConfig::default(), &super::env::ProcessEnv)
+            .unwrap_or_else(|_| unreachable!("the default config is valid"))
+    }
+
+    /// Alias or canonical name → canonical name, for every `[[models]]` entry.
+    pub fn alias_map(&self) -> HashMap<String, String> {
+        let mut map = HashMap::new();
+        for m in &self.models {
+            map.insert(m.name.clone(), m.name.clone());
+            for a in &m.aliases {
+                map.insert(a.clone(), m.name.clone());
+            }
+        }
+        map
+    }
+}
+
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn push(&mut self, at: impl std::fmt::Display, what: impl std::fmt::Display) {
+        self.0.push(format!("{at}: {what}"));
+    }
+}
+
+fn duration(p: &mut Problems, at: &str, v: &Option<String>, default: Duration) -> Duration {
+    match v {
+        None => default,
+        Some(s) => match humantime::parse_duration(s) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => {
+                p.push(at, "must be greater than zero");
+                default
+            }
+            Err(e) => {
+                p.push(at, format!("`{s}` is not a duration like \"500ms\" or \"30s\" ({e})"));
+                default
+            }
+        },
+    }
+}
+
+fn addr(p: &mut Problems, at: &str, v: &str, env: &dyn Env) -> Option<SocketAddr> {
+    let v = match expand(v, env) {
+        Ok(v) => v,
+        Err(e) => {
+            p.push(at, e);
+            return None;
+        }
+    };
+    match v.parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            p.push(at, format!("`{v}` is not an address like \"127.0.0.1:8080\""));
+            None
+        }
+    }
+}
+
+fn secret(p: &mut Problems, at: &str, v: &Option<String>, env: &dyn Env) -> Option<String> {
+    let v = v.as_ref()?;
+    match expand(v, env) {
+        Ok(s) if s.is_empty() => {
+            p.push(at, "is empty");
+            None
+        }
+        Ok(s) => Some(s),
+        Err(e) => {
+            p.push(at, e);
+            None
+        }
+    }
+}
+
+fn timeouts(p: &mut Problems, at: &str, t: &TimeoutsSection, base: Timeouts) -> Timeouts {
+    Timeouts {
+        connect: duration(p, &format!("{at}.connect"), &t.connect, base.connect),
+        first_byte: duration(p, &format!("{at}.first_byte"), &t.first_byte, base.first_byte),
+        response: duration(p, &format!("{at}.response"), &t.response, base.response),
+        idle: duration(p, &format!("{at}.idle"), &t.idle, base.idle),
+    }
+}
+
+/// Parse a backend base URL: http or https, with a host; a trailing `/` is dropped.
+pub fn parse_backend_url(s: &str) -> Result<Uri, String> {
+    let uri: Uri = s
+        .parse()
+        .map_err(|e| format!("`{s}` is not a URL ({e})"))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err(format!("`{s}` must start with http:// or https://")),
+    }
+    if uri.authority().is_none() {
+        return Err(format!("`{s}` has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("`{s}` must not have a query string"));
+    }
+    let trimmed = s.trim_end_matches('/');
+    trimmed
+        .parse()
+        .map_err(|e| format!("`{s}` is not a URL ({e})"))
+}
+
+/// Parse `sha256:<64 hex digits>`.
+pub fn parse_key_hash(s: &str) -> Result<[u8; 32], String> {
+    let hex_part = s
+        .strip_prefix("sha256:")
+        .ok_or_else(|| "must look like sha256:<64 hex digits> (from `sluice key new`)".to_string())?;
+    let bytes = hex::decode(hex_part).map_err(|_| "the part after sha256: is not hex".to_string())?;
+    bytes
+        .try_into()
+        .map_err(|_| "a SHA-256 hash has 64 hex digits".to_string())
+}
+
+/// Validate a parsed file.
+pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
+    let mut p = Problems(Vec::new());
+
+    let listen = f.server.listen.as_deref().unwrap_or("127.0.0.1:8080");
+    let listen = addr(&mut p, "server.listen", listen, env)
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+    let max_body_bytes = match f.server.max_body_bytes {
+        None => DEFAULT_MAX_BODY_BYTES,
+        Some(0) => {
+            p.push("server.max_body_bytes", "must be greater than zero");
+            DEFAULT_MAX_BODY_BYTES
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    let max_response_bytes = match f.server.max_response_bytes {
+        None => DEFAULT_MAX_RESPONSE_BYTES,
+        Some(0) => {
+            p.push("server.max_response_bytes", "must be greater than zero");
+            DEFAULT_MAX_RESPONSE_BYTES
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    let server = ServerConfig {
+        listen,
+        max_body_bytes,
+        max_response_bytes,
+        shutdown_grace: duration(
+            &mut p,
+            "server.shutdown_grace",
+            &f.server.shutdown_grace,
+            Duration::from_secs(30),
+        ),
+    };
+
+    let admin = f.admin.as_ref().and_then(|a| {
+        let listen = addr(
+            &mut p,
+            "admin.listen",
+            a.listen.as_deref().unwrap_or("127.0.0.1:9090"),
+            env,
+        )?;
+        let token = secret(&mut p, "admin.token", &a.token, env);
+        if token.is_none() && !listen.ip().is_loopback() {
+            p.push(
+                "admin.token",
+                "is required when admin.listen is not a loopback address",
+            );
+        }
+        Some(AdminConfig { listen, token })
+    });
+
+    let policy = match f.routing.policy.as_deref() {
+        None => PolicyKind::TokenAware,
+        Some(s) => PolicyKind::from_str(s).unwrap_or_else(|e| {
+            p.push("routing.policy", e);
+            PolicyKind::TokenAware
+        }),
+    };
+    let max_attempts = match f.routing.max_attempts {
+        None => 3,
+        Some(0) => {
+            p.push("routing.max_attempts", "must be at least 1");
+            3
+        }
+        Some(n) => n.min(16),
+    };
+    let routing = RoutingConfig {
+        policy,
+        max_attempts,
+        failover_deadline: duration(
+            &mut p,
+            "routing.failover_deadline",
+            &f.routing.failover_deadline,
+            Duration::from_secs(15),
+        ),
+        default_max_tokens: f.routing.default_max_tokens.unwrap_or(256),
+        expose_backend_header: f.routing.expose_backend_header.unwrap_or(false),
+    };
+
+    let h = &f.health;
+    let health = HealthConfig {
+        interval: duration(&mut p, "health.interval", &h.interval, Duration::from_millis(1000)),
+        timeout: duration(&mut p, "health.timeout", &h.timeout, Duration::from_millis(800)),
+        healthy_threshold: h.healthy_threshold.unwrap_or(2).max(1),
+        unhealthy_threshold: h.unhealthy_threshold.unwrap_or(2).max(1),
+        eject_after_failures: h.eject_after_failures.unwrap_or(3).max(1),
+        base_ejection: duration(&mut p, "health.base_ejection", &h.base_ejection, Duration::from_secs(2)),
+        max_ejection: duration(&mut p, "health.max_ejection", &h.max_ejection, Duration::from_secs(60)),
+    };
+
+    let base_timeouts = timeouts(&mut p, "timeouts", &f.timeouts, Timeouts::default());
+
+    let mut models = Vec::new();
+    let mut model_names: HashMap<String, String> = HashMap::new();
+    for (i, m) in f.models.iter().enumerate() {
+        let at = format!("models[{i}]");
+        if m.name.trim().is_empty() {
+            p.push(format!("{at}.name"), "is empty");
+        }
+        for n in std::iter::once(&m.name).chain(m.aliases.iter()) {
+            if let Some(prev) = model_names.insert(n.clone(), at.clone()) {
+                p.push(&at, format!("name `{n}` is already used by {prev}"));
+            }
+        }
+        let policy = m.policy.as_deref().and_then(|s| {
+            PolicyKind::from_str(s)
+                .map_err(|e| p.push(format!("{at}.policy"), e))
+                .ok()
+        });
+        models.push(ModelConfig {
+            name: m.name.clone(),
+            aliases: m.aliases.clone(),
+            policy,
+        });
+    }
+
+    let mut backends = Vec::new();
+    let mut backend_names = HashSet::new();
+    for (i, b) in f.backends.iter().enumerate() {
+        let at = format!("backends[{i}]");
+        if b.name.trim().is_empty() {
+            p.push(format!("{at}.name"), "is empty");
+        } else if !backend_names.insert(b.name.clone()) {
+            p.push(format!("{at}.name"), format!("`{}` is used by another backend", b.name));
+        }
+        let kind = BackendKind::from_str(&b.kind).unwrap_or_else(|e| {
+            p.push(format!("{at}.kind"), e);
+            BackendKind::OpenAi
+        });
+        let url = match expand(&b.url, env).and_then(|u| parse_backend_url(&u)) {
+            Ok(u) => u,
+            Err(e) => {
+                p.push(format!("{at}.url"), e);
+                Uri::from_static("http://127.0.0.1")
+            }
+        };
+        for client in b.model_names.keys() {
+            if !b.models.is_empty() && !b.models.contains(client) {
+                p.push(
+                    format!("{at}.model_names"),
+                    format!("`{client}` is not in this backend's models"),
+                );
+            }
+        }
+        let weight = match b.weight {
+            None => 1,
+            Some(0) => {
+                p.push(format!("{at}.weight"), "must be at least 1");
+                1
+            }
+            Some(w) => w,
+        };
+        if b.max_concurrent == Some(0) {
+            p.push(format!("{at}.max_concurrent"), "must be at least 1");
+        }
+        if let Some(path) = &b.health_path {
+            if !path.starts_with('/') {
+                p.push(format!("{at}.health_path"), "must start with /");
+            }
+        }
+        backends.push(BackendConfig {
+            name: b.name.clone(),
+            kind,
+            url,
+            models: b.models.clone(),
+            model_names: b.model_names.clone(),
+            api_key: secret(&mut p, &format!("{at}.api_key"), &b.api_key, env),
+            weight,
+            max_concurrent: b.max_concurrent,
+            health_path: b.health_path.clone(),
+            timeouts: timeouts(&mut p, &format!("{at}.timeouts"), &b.timeouts, base_timeouts),
+        });
+    }
+
+    let mut keys = Vec::new();
+    let mut key_names = HashSet::new();
+    let mut hashes = HashSet::new();
+    for (i, k) in f.keys.iter().enumerate() {
+        let at = format!("keys[{i}]");
+        if !key_names.insert(k.name.clone()) {
+            p.push(format!("{at}.name"), format!("`{}` is used by another key", k.name));
+        }
+        let hash = match parse_key_hash(&k.hash) {
+            Ok(h) => {
+                if !hashes.insert(h) {
+                    p.push(format!("{at}.hash"), "the same key is configured twice");
+                }
+                h
+            }
+            Err(e) => {
+                p.push(format!("{at}.hash"), e);
+                [0; 32]
+            }
+        };
+        let expires_at = k.expires_at.as_ref().and_then(|s| {
+            humantime::parse_rfc3339_weak(s)
+                .map_err(|e| p.push(format!("{at}.expires_at"), format!("`{s}`: {e}")))
+                .ok()
+        });
+        if k.requests_per_minute == Some(0) {
+            p.push(format!("{at}.requests_per_minute"), "must be at least 1 (or absent)");
+        }
+        if k.tokens_per_minute == Some(0) {
+            p.push(format!("{at}.tokens_per_minute"), "must be at least 1 (or absent)");
+        }
+        if k.max_concurrent == Some(0) {
+            p.push(format!("{at}.max_concurrent"), "must be at least 1 (or absent)");
+        }
+        keys.push(KeyConfig {
+            name: k.name.clone(),
+            tenant: k.tenant.clone().unwrap_or_else(|| k.name.clone()),
+            hash,
+            models: k.models.clone(),
+            requests_per_minute: k.requests_per_minute,
+            tokens_per_minute: k.tokens_per_minute,
+            max_concurrent: k.max_concurrent,
+            disabled: k.disabled,
+            expires_at,
+        });
+    }
+
+    let redis_url = secret(&mut p, "limits.redis_url", &f.limits.redis_url, env);
+
+    if p.0.is_empty() {
+        Ok(Config {
+            server,
+            admin,
+            routing,
+            health,
+            backends,
+            models,
+            keys,
+            redis_url,
+            source: None,
+        })
+    } else {
+        Err(p.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::from_str;
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let c = from_str("", "t").unwrap();
+        assert_eq!(c.server.listen.port(), 8080);
+        assert_eq!(c.server.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+        assert_eq!(c.routing.policy, PolicyKind::TokenAware);
+        assert_eq!(c.routing.max_attempts, 3);
+        assert!(c.backends.is_empty() && c.keys.is_empty());
+    }
+
+    #[test]
+    fn all_problems_listed_with_locations() {
+        let text = r#"
+[routing]
+policy = "random"
+[[backends]]
+name = "a"
+kind = "llamafile"
+url = "ftp://x"
+[[backends]]
+name = "a"
+kind = "vllm"
+url = "http://127.0.0.1:1"
+timeouts = { connect = "soon" }
+[[keys]]
+name = "k"
+hash = "md5:abc"
+"#;
+        let err = from_str(text, "f.toml").unwrap_err().problems();
+        let joined = err.join("\n");
+        for needle in [
+            "routing.policy",
+            "backends[0].kind",
+            "backends[0].url",
+            "backends[1].name",
+            "backends[1].timeouts.connect",
+            "keys[0].hash",
+        ] {
+            assert!(joined.contains(needle), "missing {needle} in:\n{joined}");
+        }
+        assert_eq!(err.len(), 6, "{joined}");
+    }
+
+    #[test]
+    fn admin_off_loopback_needs_token() {
+        let err = from_str("[admin]\nlisten = \"0.0.0.0:9090\"\n", "t").unwrap_err();
+        assert!(err.to_string().contains("admin.token"));
+        assert!(from_str("[admin]\nlisten = \"127.0.0.1:9090\"\n", "t").is_ok());
+    }
+
+    #[test]
+    fn backend_url_forms() {
+        assert_eq!(parse_backend_url("http://h:1/").unwrap().to_string(), "http://h:1/");
+        assert_eq!(parse_backend_url("https://h/v1/").unwrap().path(), "/v1");
+        assert!(parse_backend_url("h:1").is_err());
+        assert!(parse_backend_url("http://h?x=1").is_err());
+    }
+
+    #[test]
+    fn key_hash() {
+        let h = format!("sha256:{}", "ab".repeat(32));
+        assert_eq!(parse_key_hash(&h).unwrap(), [0xab; 32]);
+        assert!(parse_key_hash("sha256:abcd").is_err());
+    }
+}

@@ -1,0 +1,94 @@
+//! `sluice demo`: a gateway in front of an embedded simulated fleet on loopback — two vLLM sims
+//! of different speeds, a TGI sim and an Ollama sim, serving overlapping models — ready to curl.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::config;
+use crate::sim::{self, SimConfig, SimKind};
+
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Gateway port.
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: std::net::IpAddr,
+    /// Simulated fleet speed: F times faster than the default timing model (0 = no delays).
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("simulator: {0}")]
+    Sim(#[from] sim::SimError),
+    #[error("demo config: {0}")]
+    Config(#[from] config::ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Run(#[from] crate::RunError),
+}
+
+/// Start the fleet and the gateway; serve until `shutdown` resolves.
+pub async fn run(args: DemoArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), DemoError> {
+    let speed = args.speed;
+    let fleet = [
+        ("gpu-a", SimKind::Vllm, vec!["llama-3.1-8b", "qwen2.5-7b"], 1.0),
+        ("gpu-b", SimKind::Vllm, vec!["llama-3.1-8b"], 0.5),
+        ("tgi-1", SimKind::Tgi, vec!["llama-3.1-8b"], 0.8),
+        ("laptop", SimKind::Ollama, vec!["llama3.1:8b", "qwen2.5:7b"], 0.3),
+    ];
+    let mut handles = Vec::new();
+    let mut toml = String::new();
+    toml.push_str(&format!(
+        "[server]\nlisten = \"{}\"\n\n[routing]\npolicy = \"token-aware\"\nexpose_backend_header = true\n\n",
+        SocketAddr::new(args.host, args.port)
+    ));
+    toml.push_str("[[models]]\nname = \"llama-3.1-8b\"\naliases = [\"llama3\"]\n\n[[models]]\nname = \"qwen2.5-7b\"\naliases = [\"qwen\"]\n\n");
+    for (name, kind, models, relative_speed) in fleet {
+        let cfg = SimConfig::new(kind, models.iter().map(|s| s.to_string()).collect())
+            .speed(if speed == 0.0 { 0.0 } else { speed * relative_speed });
+        let h = sim::spawn(cfg).await?;
+        let (client_models, names) = match kind {
+            SimKind::Ollama => (
+                "[\"llama-3.1-8b\", \"qwen2.5-7b\"]".to_string(),
+                "model_names = { \"llama-3.1-8b\" = \"llama3.1:8b\", \"qwen2.5-7b\" = \"qwen2.5:7b\" }\n".to_string(),
+            ),
+            _ => (
+                format!("[{}]", models.iter().map(|m| format!("\"{m}\"")).collect::<Vec<_>>().join(", ")),
+                String::new(),
+            ),
+        };
+        toml.push_str(&format!(
+            "[[backends]]\nname = \"{name}\"\nkind = \"{}\"\nurl = \"{}\"\nmodels = {client_models}\n{names}\n",
+            kind.as_str(),
+            h.url()
+        ));
+        handles.push(h);
+    }
+    let config = config::from_str(&toml, "demo")?;
+    let addr = config.server.listen;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| DemoError::Bind { addr, source })?;
+    let addr = listener.local_addr().unwrap_or(addr);
+    println!("# sluice demo: the effective config\n\n{toml}");
+    println!(
+        "# try it:\n\ncurl -s http://{addr}/v1/models\n\ncurl -sN http://{addr}/v1/chat/completions \\\n  -H 'content-type: application/json' \\\n  -d '{{\"model\":\"llama3\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n\n# or with the OpenAI Python SDK:\n#   from openai import OpenAI\n#   client = OpenAI(base_url=\"http://{addr}/v1\", api_key=\"unused\")\n#   for chunk in client.chat.completions.create(model=\"llama3\", stream=True,\n#           messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}]):\n#       print(chunk.choices[0].delta.content or \"\", end=\"\")\n"
+    );
+    let result = crate::run(listener, config, shutdown).await;
+    for h in handles {
+        h.shutdown().await;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    result.map_err(DemoError::from)
+}

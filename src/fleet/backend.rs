@@ -1,0 +1,407 @@
+//! One backend: configuration, HTTP client and live state.
+//!
+//! [`BackendState`] is what routing reads on every request, so the hot fields are atomics read
+//! without a lock; health transitions, which touch several fields at once, take a short mutex and
+//! then publish the resulting [`Health`] atomically.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::Uri;
+use http_body_util::Full;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::{BackendConfig, BackendKind, HealthConfig};
+
+pub type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
+/// The upstream client: one per backend, so each has its own pool and connect timeout.
+pub type HttpClient = Client<HttpsConnector, Full<Bytes>>;
+
+/// Where a backend stands, as routing and `/admin/backends` see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Health {
+    /// Not probed yet: routable, failover covers a wrong guess.
+    Unknown = 0,
+    /// Refusing connections and never seen healthy: still starting, not an alarm.
+    Starting = 1,
+    Healthy = 2,
+    /// The engine said it is busy (429/503 or a huge queue): used only when nothing better exists.
+    Overloaded = 3,
+    /// Loading a model (Ollama): used only when nothing better exists.
+    Loading = 4,
+    /// Taken out by live-traffic failures until its ejection time passes and probes pass.
+    Ejected = 5,
+    /// Leaving the pool: no new requests, in-flight ones finish.
+    Draining = 6,
+    /// Probes fail.
+    Down = 7,
+}
+
+impl Health {
+    pub fn from_u8(v: u8) -> Health {
+        match v {
+            1 => Health::Starting,
+            2 => Health::Healthy,
+            3 => Health::Overloaded,
+            4 => Health::Loading,
+            5 => Health::Ejected,
+            6 => Health::Draining,
+            7 => Health::Down,
+            _ => Health::Unknown,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Unknown => "unknown",
+            Health::Starting => "starting",
+            Health::Healthy => "healthy",
+            Health::Overloaded => "overloaded",
+            Health::Loading => "loading",
+            Health::Ejected => "ejected",
+            Health::Draining => "draining",
+            Health::Down => "down",
+        }
+    }
+
+    pub const ALL: [Health; 8] = [
+        Health::Unknown,
+        Health::Starting,
+        Health::Healthy,
+        Health::Overloaded,
+        Health::Loading,
+        Health::Ejected,
+        Health::Draining,
+        Health::Down,
+    ];
+
+    /// Whether routing may pick it at all.
+    pub fn routable(self) -> bool {
+        matches!(
+            self,
+            Health::Unknown | Health::Healthy | Health::Overloaded | Health::Loading
+        )
+    }
+
+    /// Whether routing prefers it over degraded backends.
+    pub fn preferred(self) -> bool {
+        matches!(self, Health::Unknown | Health::Healthy)
+    }
+}
+
+/// Milliseconds since this process started; a cheap monotonic clock for atomics.
+pub fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Client model name → the name the backend knows it by.
+pub type ModelMap = HashMap<String, String>;
+
+/// Health bookkeeping that changes together.
+#[derive(Debug, Default)]
+pub struct Track {
+    pub probe_ok_streak: u32,
+    pub probe_fail_streak: u32,
+    pub live_fail_streak: u32,
+    pub ejections: u32,
+    pub ejected_until_ms: u64,
+    pub ever_healthy: bool,
+    pub last_error: Option<String>,
+    pub last_change_ms: u64,
+}
+
+/// Live state of one backend.
+#[derive(Debug)]
+pub struct BackendState {
+    health: AtomicU8,
+    pub track: Mutex<Track>,
+    pub inflight_requests: AtomicU64,
+    pub inflight_tokens: AtomicU64,
+    /// A backend's `Retry-After`: not routed to before this time (ms since process start).
+    pub skip_until_ms: AtomicU64,
+    pub draining: AtomicBool,
+    /// Models discovered from the backend's own list (empty until the first probe answers).
+    pub discovered: ArcSwap<ModelMap>,
+    pub requests_total: AtomicU64,
+    pub failures_total: AtomicU64,
+}
+
+impl Default for BackendState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BackendState {
+    pub fn new() -> Self {
+        BackendState {
+            health: AtomicU8::new(Health::Unknown as u8),
+            track: Mutex::new(Track::default()),
+            inflight_requests: AtomicU64::new(0),
+            inflight_tokens: AtomicU64::new(0),
+            skip_until_ms: AtomicU64::new(0),
+            draining: AtomicBool::new(false),
+            discovered: ArcSwap::from_pointee(ModelMap::new()),
+            requests_total: AtomicU64::new(0),
+            failures_total: AtomicU64::new(0),
+        }
+    }
+
+    pub fn health(&self) -> Health {
+        if self.draining.load(Ordering::Relaxed) {
+            return Health::Draining;
+        }
+        Health::from_u8(self.health.load(Ordering::Relaxed))
+    }
+
+    pub fn set_health(&self, h: Health) {
+        self.health.store(h as u8, Ordering::Relaxed);
+    }
+
+    pub fn track(&self) -> std::sync::MutexGuard<'_, Track> {
+        self.track.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a request may be sent here now.
+    pub fn routable(&self) -> bool {
+        self.health().routable() && self.skip_until_ms.load(Ordering::Relaxed) <= now_ms()
+    }
+
+    /// Honour a backend's `Retry-After`.
+    pub fn skip_for(&self, d: Duration) {
+        let until = now_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.skip_until_ms.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// A live request got an answer from this backend (any status it is responsible for
+    /// being well, e.g. 2xx or a client's 4xx).
+    pub fn record_live_success(&self) {
+        let mut t = self.track();
+        t.live_fail_streak = 0;
+    }
+
+    /// A live request failed at this backend. A connect failure ejects at once (the process is
+    /// gone or refusing); other failures eject after `eject_after_failures` in a row.
+    pub fn record_live_failure(&self, cfg: &HealthConfig, connect_failure: bool, why: &str) {
+        self.failures_total.fetch_add(1, Ordering::Relaxed);
+        let mut t = self.track();
+        t.live_fail_streak += 1;
+        t.last_error = Some(why.to_string());
+        let current = self.health();
+        if matches!(current, Health::Ejected | Health::Draining) {
+            return;
+        }
+        if connect_failure || t.live_fail_streak >= cfg.eject_after_failures {
+            let factor = 1u32 << t.ejections.min(16);
+            let base = cfg.base_ejection.saturating_mul(factor).min(cfg.max_ejection);
+            t.ejections = t.ejections.saturating_add(1);
+            t.ejected_until_ms = now_ms() + u64::try_from(base.as_millis()).unwrap_or(u64::MAX);
+            t.probe_ok_streak = 0;
+            t.last_change_ms = now_ms();
+            let next = if !t.ever_healthy && connect_failure {
+                Health::Starting
+            } else {
+                Health::Ejected
+            };
+            drop(t);
+            self.set_health(next);
+        }
+    }
+}
+
+/// A backend of one config snapshot.
+#[derive(Debug)]
+pub struct Backend {
+    pub config: BackendConfig,
+    pub state: Arc<BackendState>,
+    pub client: HttpClient,
+    /// Client model name → backend name, from the config.
+    configured: ModelMap,
+}
+
+impl Backend {
+    pub fn new(config: BackendConfig, state: Arc<BackendState>) -> Backend {
+        let client = build_client(&config);
+        let mut configured = ModelMap::new();
+        for m in &config.models {
+            let backend_name = config.model_names.get(m).cloned().unwrap_or_else(|| m.clone());
+            configured.insert(m.clone(), backend_name);
+        }
+        Backend {
+            config,
+            state,
+            client,
+            configured,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        self.config.kind
+    }
+
+    /// The backend's name for a client model, if it serves it.
+    pub fn serves(&self, model: &str) -> Option<String> {
+        if !self.configured.is_empty() {
+            return self.configured.get(model).cloned();
+        }
+        self.state.discovered.load().get(model).cloned()
+    }
+
+    /// Client-facing model names this backend serves now.
+    pub fn model_names(&self) -> Vec<String> {
+        if !self.configured.is_empty() {
+            let mut v: Vec<String> = self.configured.keys().cloned().collect();
+            v.sort();
+            return v;
+        }
+        let d = self.state.discovered.load();
+        let mut v: Vec<String> = d.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Whether models come from the config (true) or from discovery.
+    pub fn models_configured(&self) -> bool {
+        !self.configured.is_empty()
+    }
+
+    /// Turn the names a backend lists into the client-facing map, applying `model_names`
+    /// in reverse and Ollama's implicit `:latest` tag.
+    pub fn discovered_map(&self, listed: &[String]) -> ModelMap {
+        let mut map = ModelMap::new();
+        for id in listed {
+            map.insert(id.clone(), id.clone());
+            if self.config.kind == BackendKind::Ollama {
+                if let Some(bare) = id.strip_suffix(":latest") {
+                    map.insert(bare.to_string(), id.clone());
+                }
+            }
+            for (client, backend) in &self.config.model_names {
+                if backend == id {
+                    map.insert(client.clone(), id.clone());
+                }
+            }
+        }
+        map
+    }
+
+    /// The URL of `path` (e.g. `/v1/chat/completions`) on this backend. A base URL that
+    /// already ends in `/v1` is not given a second one.
+    pub fn url_for(&self, path: &str) -> Result<Uri, http::Error> {
+        let base = &self.config.url;
+        let prefix = base.path().trim_end_matches('/');
+        let full_path = if prefix.ends_with("/v1") && path.starts_with("/v1/") {
+            format!("{prefix}{}", &path[3..])
+        } else {
+            format!("{prefix}{path}")
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = base.scheme().cloned();
+        parts.authority = base.authority().cloned();
+        parts.path_and_query = Some(full_path.parse()?);
+        Ok(Uri::from_parts(parts)?)
+    }
+}
+
+fn build_client(config: &BackendConfig) -> HttpClient {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(config.timeouts.connect));
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    http.set_keepalive(Some(Duration::from_secs(30)));
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(crate::server::tls::client_config())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(4096)
+        .build(connector)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::validate::parse_backend_url;
+    use crate::config::Timeouts;
+    use std::collections::BTreeMap;
+
+    fn backend(kind: BackendKind, url: &str, models: &[&str], names: &[(&str, &str)]) -> Backend {
+        Backend::new(
+            BackendConfig {
+                name: "b".into(),
+                kind,
+                url: parse_backend_url(url).unwrap(),
+                models: models.iter().map(|s| s.to_string()).collect(),
+                model_names: names
+                    .iter()
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+                api_key: None,
+                weight: 1,
+                max_concurrent: None,
+                health_path: None,
+                timeouts: Timeouts::default(),
+            },
+            Arc::new(BackendState::new()),
+        )
+    }
+
+    #[test]
+    fn urls() {
+        let b = backend(BackendKind::Vllm, "http://h:8000", &[], &[]);
+        assert_eq!(b.url_for("/v1/models").unwrap(), "http://h:8000/v1/models");
+        let b = backend(BackendKind::OpenAi, "https://api.x.com/v1", &[], &[]);
+        assert_eq!(b.url_for("/v1/chat/completions").unwrap(), "https://api.x.com/v1/chat/completions");
+        let b = backend(BackendKind::OpenAi, "http://h/prefix/", &[], &[]);
+        assert_eq!(b.url_for("/v1/models").unwrap(), "http://h/prefix/v1/models");
+    }
+
+    #[test]
+    fn configured_and_discovered_names() {
+        let b = backend(BackendKind::Ollama, "http://h", &["llama-3.1-8b"], &[("llama-3.1-8b", "llama3.1:8b")]);
+        assert_eq!(b.serves("llama-3.1-8b").as_deref(), Some("llama3.1:8b"));
+        assert_eq!(b.serves("other"), None);
+
+        let b = backend(BackendKind::Ollama, "http://h", &[], &[("llama-3.1-8b", "llama3.1:8b")]);
+        let map = b.discovered_map(&["llama3.1:8b".into(), "qwen:latest".into()]);
+        b.state.discovered.store(Arc::new(map));
+        assert_eq!(b.serves("llama-3.1-8b").as_deref(), Some("llama3.1:8b"));
+        assert_eq!(b.serves("qwen").as_deref(), Some("qwen:latest"));
+        assert_eq!(b.serves("qwen:latest").as_deref(), Some("qwen:latest"));
+    }
+
+    #[test]
+    fn connect_failure_ejects_at_once_other_failures_after_streak() {
+        let cfg = crate::config::Config::empty().health;
+        let s = BackendState::new();
+        s.set_health(Health::Healthy);
+        s.track().ever_healthy = true;
+        s.record_live_failure(&cfg, false, "502");
+        s.record_live_failure(&cfg, false, "502");
+        assert_eq!(s.health(), Health::Healthy);
+        s.record_live_failure(&cfg, false, "502");
+        assert_eq!(s.health(), Health::Ejected);
+
+        let s = BackendState::new();
+        s.set_health(Health::Healthy);
+        s.track().ever_healthy = true;
+        s.record_live_failure(&cfg, true, "refused");
+        assert_eq!(s.health(), Health::Ejected);
+        assert!(!s.routable());
+    }
+}

@@ -1,0 +1,83 @@
+//! RAII accounting of the load Sluice itself has put on a backend.
+//!
+//! A [`LoadGuard`] adds one request and its expected tokens to a backend's counters when created
+//! and removes exactly that when dropped — on success, error, client disconnect or panic alike.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::BackendState;
+
+/// Holds one request's share of a backend's in-flight counters.
+#[derive(Debug)]
+pub struct LoadGuard {
+    state: Arc<BackendState>,
+    tokens: u64,
+}
+
+impl LoadGuard {
+    pub fn new(state: Arc<BackendState>, tokens: u64) -> Self {
+        state.inflight_requests.fetch_add(1, Ordering::Relaxed);
+        state.inflight_tokens.fetch_add(tokens, Ordering::Relaxed);
+        LoadGuard { state, tokens }
+    }
+
+    /// Tokens of this request still counted as in flight.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// Lower the request's counted tokens as output is produced (never below zero).
+    pub fn release_tokens(&mut self, n: u64) {
+        let n = n.min(self.tokens);
+        self.tokens -= n;
+        self.state.inflight_tokens.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    pub fn state(&self) -> &Arc<BackendState> {
+        &self.state
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.state.inflight_requests.fetch_sub(1, Ordering::Relaxed);
+        self.state
+            .inflight_tokens
+            .fetch_sub(self.tokens, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_releases_on_drop_and_partial_release() {
+        let s = Arc::new(BackendState::new());
+        {
+            let mut g = LoadGuard::new(s.clone(), 100);
+            let _g2 = LoadGuard::new(s.clone(), 5);
+            assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 2);
+            g.release_tokens(30);
+            assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 75);
+            g.release_tokens(1000);
+            assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 5);
+        }
+        assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn guard_releases_on_panic() {
+        let s = Arc::new(BackendState::new());
+        let s2 = s.clone();
+        let r = std::panic::catch_unwind(move || {
+            let _g = LoadGuard::new(s2, 7);
+            panic!("boom");
+        });
+        assert!(r.is_err());
+        assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
+    }
+}

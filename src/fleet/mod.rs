@@ -1,0 +1,20 @@
+//! The fleet: every backend Sluice can send a request to, its live state, and the probes that
+//! keep that state true.
+//!
+//! - [`backend`]: one backend: its config, its HTTP client (own connection pool), and its
+//!   [`backend::BackendState`] (health, load counters, discovered models).
+//! - [`load`]: RAII guards counting in-flight requests and tokens per backend.
+//! - [`health`]: per-kind active probes, model discovery and passive ejection.
+//! - [`registry`]: the set of backends of one config snapshot, and model resolution.
+//!
+//! Invariants: a backend's state outlives config reloads as long as its name, kind and URL stay
+//! the same; load counters are only changed through guards, so every exit path releases them.
+
+pub mod backend;
+pub mod health;
+pub mod load;
+pub mod registry;
+
+pub use backend::{Backend, BackendState, Health};
+pub use load::LoadGuard;
+pub use registry::{Fleet, Resolved};

@@ -1,0 +1,162 @@
+//! The `sluice` command: parses flags and wires signals; everything else lives in the library.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio::net::TcpListener;
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "An OpenAI-compatible gateway for a fleet of inference servers")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        #[arg(long, env = "SLUICE_CONFIG", default_value = "config/sluice.toml")]
+        config: PathBuf,
+    },
+    /// Run the gateway in front of an embedded simulated fleet, ready to curl.
+    Demo(sluice::demo::DemoArgs),
+    /// Run a simulated backend (vLLM, TGI or Ollama).
+    Sim(sluice::sim::SimArgs),
+    /// Validate a config file and print every problem with its location.
+    Check {
+        #[arg(long, env = "SLUICE_CONFIG", default_value = "config/sluice.toml")]
+        config: PathBuf,
+    },
+    /// Manage API keys.
+    Key {
+        #[command(subcommand)]
+        action: KeyAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyAction {
+    /// Mint a new API key; prints the key once and the hash for the config.
+    New {
+        #[arg(long)]
+        name: Option<String>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Key {
+            action: KeyAction::New { name },
+        } => {
+            let (key, hash) = sluice::auth::mint();
+            println!("key: {key}");
+            println!("hash: {hash}");
+            let name = name.unwrap_or_else(|| "NAME".to_string());
+            eprintln!("\nAdd to the config (the key itself is not stored anywhere):\n\n[[keys]]\nname = \"{name}\"\nhash = \"{hash}\"");
+            Ok(())
+        }
+        Command::Serve { config } => runtime()?.block_on(serve(config)),
+        Command::Demo(args) => runtime()?.block_on(async move {
+            sluice::telemetry::logs::init();
+            sluice::demo::run(args, shutdown_signal())
+                .await
+                .context("demo failed")
+        }),
+        Command::Sim(args) => runtime()?.block_on(async move {
+            sluice::telemetry::logs::init();
+            let config = args.into_config()?;
+            let addr = config.bind_addr();
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?;
+            sluice::sim::run(listener, config, shutdown_signal()).await?;
+            Ok(())
+        }),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn check(path: &std::path::Path) -> anyhow::Result<()> {
+    match sluice::config::load(path) {
+        Ok(c) => {
+            println!(
+                "{}: ok ({} backends, {} models, {} keys)",
+                path.display(),
+                c.backends.len(),
+                c.models.len(),
+                c.keys.len()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            for p in e.problems() {
+                eprintln!("{p}");
+            }
+            std::process::exit(1);
+        }
+    }
+}
+
+async fn serve(path: PathBuf) -> anyhow::Result<()> {
+    sluice::telemetry::logs::init();
+    let config = match sluice::config::load(&path) {
+        Ok(c) => c,
+        Err(e) => {
+            for p in e.problems() {
+                eprintln!("{p}");
+            }
+            anyhow::bail!("{} is not valid; nothing was started", path.display());
+        }
+    };
+    let addr = config.server.listen;
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let admin = match &config.admin {
+        Some(a) => Some(
+            TcpListener::bind(a.listen)
+                .await
+                .with_context(|| format!("cannot listen on {} (admin)", a.listen))?,
+        ),
+        None => None,
+    };
+    let grace = config.server.shutdown_grace;
+    let gw = sluice::Gateway::new(config);
+    sluice::config::reload::spawn_watcher(gw.clone(), path);
+    sluice::serve_gateway(gw, listener, admin, shutdown_signal(), grace).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+    tracing::info!("shutdown requested; draining");
+}

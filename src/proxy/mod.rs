@@ -1,0 +1,409 @@
+//! Forwarding an inference request: the request path of DESIGN.md from "body" to "settle".
+//!
+//! ```text
+//! auth → body (capped) → fields → allow-list → resolve model → attempt loop:
+//!     pick backend → rewrite (model name, include_usage) → send
+//!     connect error / reset / TTFB timeout / 429 / 502 / 503 / 504  → next backend
+//!     any other status → answer the client (errors normalised to OpenAI's shape)
+//! → stream through [`observe::ObservedStream`] or buffer a non-streamed answer → settle
+//! ```
+//!
+//! Invariants (see also the module docs of [`observe`] and [`crate::fleet::load`]):
+//! - A request is retried on another backend only while nothing has been sent to the client;
+//!   attempts are bounded by `routing.max_attempts` and `routing.failover_deadline`.
+//! - The client's `Authorization` never reaches a backend (see [`headers`]).
+//! - Load counters are held by guards and released on every exit path.
+//! - No network input can panic this code; every failure is an [`ApiError`].
+
+pub mod forward;
+pub mod headers;
+pub mod observe;
+pub mod sse;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+
+use crate::config::BackendKind;
+use crate::fleet::LoadGuard;
+use crate::gateway::{Gateway, Runtime};
+use crate::openai::edit::{self, Splice};
+use crate::openai::error::{insert_retry_after, normalize_backend_error};
+use crate::openai::{request, ApiError, Endpoint};
+use crate::routing::RouteInput;
+use crate::telemetry::access::AccessRecord;
+use crate::telemetry::metrics as m;
+use forward::{retry_after, retryable_status, AttemptError};
+use observe::{Edits, ObservedStream, Settle};
+
+/// Largest error body read from a backend to normalise it.
+const MAX_ERROR_BODY: usize = 256 * 1024;
+/// How long clients are told to wait when no backend can take their request.
+const NO_BACKEND_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Skip a backend this long after a 429/503 without `Retry-After`.
+const DEFAULT_BUSY_SKIP: Duration = Duration::from_millis(500);
+
+/// Handle one inference request end to end.
+pub async fn handle(gw: Arc<Gateway>, endpoint: Endpoint, req: Request<Body>) -> Response {
+    let started = Instant::now();
+    let request_id = request_id(req.headers());
+    let mut record = AccessRecord::new(request_id.clone(), endpoint.label(), started);
+    let rt = gw.runtime();
+    let mut response = match proxy(&gw, &rt, endpoint, req, &mut record).await {
+        Ok(resp) => resp,
+        Err(err) => {
+            record.status = err.status.as_u16();
+            record.error = Some(err.label().to_string());
+            record.finish();
+            err.into_response()
+        }
+    };
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    response
+}
+
+/// The client's `x-request-id` when it is sane, else a new one.
+fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(new_id)
+}
+
+/// A random 128-bit id in hex.
+pub fn new_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+async fn read_body(req: Request<Body>, limit: usize) -> Result<(HeaderMap, Bytes), ApiError> {
+    let (parts, body) = req.into_parts();
+    if let Some(len) = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse::<u64>().ok())
+    {
+        if len > limit as u64 {
+            return Err(ApiError::payload_too_large(limit));
+        }
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok((parts.headers, collected.to_bytes())),
+        Err(e) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                Err(ApiError::payload_too_large(limit))
+            } else {
+                Err(ApiError::bad_request(format!("Could not read the request body: {e}")))
+            }
+        }
+    }
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(ct) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(()); // lenient: many scripts omit it; the body must still be JSON
+    };
+    let ct = ct.to_str().unwrap_or("");
+    let essence = ct.split(';').next().unwrap_or("").trim();
+    if essence.eq_ignore_ascii_case("application/json") || essence.to_ascii_lowercase().ends_with("+json") {
+        Ok(())
+    } else {
+        Err(ApiError::unsupported_media_type(ct))
+    }
+}
+
+async fn proxy(
+    gw: &Gateway,
+    rt: &Runtime,
+    endpoint: Endpoint,
+    req: Request<Body>,
+    record: &mut AccessRecord,
+) -> Result<Response, ApiError> {
+    let config = &rt.config;
+    let identity = rt.keys.authenticate(req.headers())?;
+    record.tenant = identity.tenant.clone();
+    check_content_type(req.headers())?;
+    let (client_headers, body) = read_body(req, config.server.max_body_bytes).await?;
+    let fields = request::parse(endpoint, &body)?;
+    record.stream = fields.stream;
+
+    if !identity.allows(&rt.fleet, &fields.model) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            format!("This API key is not allowed to use the model `{}`.", fields.model),
+        )
+        .with_param("model")
+        .with_code("model_not_allowed"));
+    }
+    let resolved = rt
+        .fleet
+        .resolve(&fields.model)
+        .ok_or_else(|| ApiError::model_not_found(&fields.model))?;
+    record.model = resolved.canonical.clone();
+
+    let policy = resolved.policy.unwrap_or(config.routing.policy);
+    let expected_tokens =
+        fields.prompt_tokens_estimate + fields.expected_output(config.routing.default_max_tokens);
+    let input = RouteInput {
+        tokens: expected_tokens,
+        prefix_hash: fields.prefix_hash,
+    };
+    let streaming = fields.stream && endpoint != Endpoint::Embeddings;
+    let deadline = Instant::now() + config.routing.failover_deadline;
+    let mut tried: Vec<usize> = Vec::new();
+    let mut last_failure: Option<ApiError> = None;
+
+    for attempt in 0..config.routing.max_attempts {
+        if attempt > 0 && Instant::now() >= deadline {
+            break;
+        }
+        let Some(idx) = gw
+            .router
+            .pick(policy, &resolved.candidates, &tried, input)
+        else {
+            break;
+        };
+        tried.push(idx);
+        if attempt > 0 {
+            metrics::counter!(m::FAILOVERS_TOTAL, "model" => resolved.canonical.clone()).increment(1);
+        }
+        let (backend, backend_model) = &resolved.candidates[idx];
+        record.attempts = attempt + 1;
+        record.backend = Some(backend.name().to_string());
+
+        let mut splices: Vec<Splice> = Vec::new();
+        if backend_model != &fields.model {
+            splices.push(edit::rename_model(&fields, backend_model));
+        }
+        let inject_usage = streaming && fields.include_usage != Some(true);
+        if inject_usage {
+            if let Some(s) = edit::force_include_usage(&body, &fields) {
+                splices.push(s);
+            }
+        }
+        let upstream_body = edit::apply(&body, splices);
+        let headers = headers::upstream_headers(
+            &client_headers,
+            &record.request_id,
+            backend.config.api_key.as_deref(),
+        );
+        let timeouts = backend.config.timeouts;
+        let head_timeout = if streaming { timeouts.first_byte } else { timeouts.response };
+        let guard = LoadGuard::new(backend.state.clone(), expected_tokens);
+        backend
+            .state
+            .requests_total
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+
+        let resp = match forward::send(backend, endpoint.path(), headers, upstream_body, head_timeout).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                let connect = matches!(e, AttemptError::Connect(_));
+                tracing::warn!(
+                    request_id = %record.request_id,
+                    backend = backend.name(),
+                    attempt = attempt + 1,
+                    "attempt failed: {e}"
+                );
+                metrics::counter!(m::BACKEND_REQUESTS_TOTAL, "backend" => backend.name().to_string(), "outcome" => e.label())
+                    .increment(1);
+                backend.state.record_live_failure(&config.health, connect, e.label());
+                last_failure = Some(match e {
+                    AttemptError::Timeout(d) => ApiError::timeout(&format!("no response within {d:?}")),
+                    other => ApiError::bad_gateway(format!("Backend `{}` failed: {}", backend.name(), other.label())),
+                });
+                continue;
+            }
+        };
+
+        let status = resp.status();
+        metrics::counter!(m::BACKEND_REQUESTS_TOTAL, "backend" => backend.name().to_string(), "outcome" => m::status_class(status.as_u16()))
+            .increment(1);
+        if retryable_status(status) && attempt + 1 < config.routing.max_attempts {
+            let after = retry_after(resp.headers());
+            match status.as_u16() {
+                429 | 503 => backend.state.skip_for(after.unwrap_or(DEFAULT_BUSY_SKIP)),
+                _ => backend.state.record_live_failure(&config.health, false, status.as_str()),
+            }
+            let (parts, body) = resp.into_parts();
+            let err_body = read_capped(body, MAX_ERROR_BODY, timeouts.idle).await.unwrap_or_default();
+            last_failure = Some(client_error(status, &parts.headers, &err_body));
+            tracing::info!(request_id = %record.request_id, backend = backend.name(), status = status.as_u16(), "backend busy or failing; trying another");
+            continue;
+        }
+        if status.is_server_error() {
+            backend.state.record_live_failure(&config.health, false, status.as_str());
+        } else {
+            backend.state.record_live_success();
+        }
+        record.status = status.as_u16();
+
+        let (parts, upstream) = resp.into_parts();
+        if !status.is_success() {
+            let err_body = read_capped(upstream, MAX_ERROR_BODY, timeouts.idle).await.unwrap_or_default();
+            let mut response = client_error(status, &parts.headers, &err_body).into_response();
+            if let Some(after) = retry_after(&parts.headers) {
+                insert_retry_after(response.headers_mut(), after);
+            }
+            record.error = Some(format!("backend_{}", status.as_u16()));
+            finish_record(record);
+            return Ok(response);
+        }
+
+        let mut out_headers = headers::downstream_headers(&parts.headers);
+        if config.routing.expose_backend_header {
+            if let Ok(v) = HeaderValue::from_str(backend.name()) {
+                out_headers.insert("x-sluice-backend", v);
+            }
+        }
+        let edits = Edits {
+            rename_model: (backend_model != &fields.model).then(|| fields.model.clone()),
+            strip_usage: inject_usage,
+            fill_id: (backend.kind() == BackendKind::Tgi).then(|| id_for(endpoint, &record.request_id)),
+            normalize_finish: backend.kind() == BackendKind::Tgi,
+        };
+        let mut settle = Settle::new(take_record(record));
+        settle.guard = Some(guard);
+
+        let is_sse = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        if streaming && is_sse {
+            let body = ObservedStream::new(
+                upstream,
+                edits,
+                timeouts.idle,
+                backend.clone(),
+                config.health.clone(),
+                settle,
+            );
+            let mut response = Response::new(Body::new(body));
+            *response.status_mut() = status;
+            *response.headers_mut() = out_headers;
+            response
+                .headers_mut()
+                .insert("x-accel-buffering", HeaderValue::from_static("no"));
+            response
+                .headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            return Ok(response);
+        }
+
+        let whole = match read_capped(upstream, config.server.max_response_bytes, timeouts.idle).await {
+            Ok(b) => b,
+            Err(e) => {
+                backend.state.record_live_failure(&config.health, false, "body");
+                settle.record.status = 502;
+                settle.record.error = Some("backend_body".into());
+                settle.finish();
+                return Ok(ApiError::bad_gateway(format!(
+                    "Backend `{}` failed while sending its answer: {e}",
+                    backend.name()
+                ))
+                .into_response());
+            }
+        };
+        settle.usage = observe::usage_of(&whole);
+        settle.complete = true;
+        let whole = if edits.rename_model.is_some() || edits.fill_id.is_some() || edits.normalize_finish {
+            observe::edit_json(&whole, &edits).unwrap_or(whole)
+        } else {
+            whole
+        };
+        settle.finish();
+        let mut response = Response::new(Body::new(Full::new(whole)));
+        *response.status_mut() = status;
+        *response.headers_mut() = out_headers;
+        return Ok(response);
+    }
+
+    Err(match last_failure {
+        Some(mut e) => {
+            if e.status == StatusCode::TOO_MANY_REQUESTS || e.status == StatusCode::SERVICE_UNAVAILABLE {
+                e.retry_after = e.retry_after.or(Some(NO_BACKEND_RETRY_AFTER));
+            }
+            e
+        }
+        None => ApiError::no_backend(&fields.model, NO_BACKEND_RETRY_AFTER),
+    })
+}
+
+/// An id for responses whose backend leaves it empty (TGI).
+fn id_for(endpoint: Endpoint, request_id: &str) -> String {
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl-",
+        Endpoint::Completions => "cmpl-",
+        Endpoint::Embeddings => "embd-",
+    };
+    format!("{prefix}{request_id}")
+}
+
+/// Move the record out (into a [`Settle`] or to be finished now). After this, `proxy` must not
+/// return `Err`, because `handle` finishes the record of a failed request itself.
+fn take_record(record: &mut AccessRecord) -> AccessRecord {
+    let blank = AccessRecord::new(String::new(), record.endpoint, record.started);
+    std::mem::replace(record, blank)
+}
+
+fn finish_record(record: &mut AccessRecord) {
+    let taken = take_record(record);
+    taken.finish();
+}
+
+/// A backend's error, normalised, with its status.
+fn client_error(status: StatusCode, _headers: &HeaderMap, body: &[u8]) -> ApiError {
+    let normalized = normalize_backend_error(status, body);
+    let bytes = normalized.unwrap_or_else(|| Bytes::copy_from_slice(body));
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let e = &v["error"];
+    let kind = match e["type"].as_str() {
+        Some(t) if !t.is_empty() => t.to_string(),
+        _ if status.is_client_error() => "invalid_request_error".to_string(),
+        _ => "server_error".to_string(),
+    };
+    let mut err = ApiError::new(
+        status,
+        kind,
+        e["message"].as_str().unwrap_or("backend error").to_string(),
+    );
+    err.param = e["param"].as_str().map(str::to_string);
+    err.code = match &e["code"] {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    err
+}
+
+/// Read a body up to `limit` bytes, allowing at most `idle` between frames.
+async fn read_capped(body: hyper::body::Incoming, limit: usize, idle: Duration) -> Result<Bytes, String> {
+    let mut body = body;
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => return Err(format!("no data for {idle:?}")),
+            Ok(None) => return Ok(buf.freeze()),
+            Ok(Some(Err(e))) => return Err(e.to_string()),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    if buf.len() + data.len() > limit {
+                        return Err(format!("response larger than {limit} bytes"));
+                    }
+                    buf.extend_from_slice(&data);
+                }
+            }
+        }
+    }
+}

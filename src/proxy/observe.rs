@@ -1,0 +1,498 @@
+//! The response path: streams passed through chunk by chunk while usage and time to first token
+//! are observed on the side, and the settlement that runs when a request is over.
+//!
+//! Invariants:
+//! - A chunk is handed to the client as soon as it arrives. Only when an event must be edited
+//!   (model name put back, the injected usage chunk stripped, TGI's empty id filled) is an
+//!   unfinished event held until its end arrives; complete events are never held.
+//! - Once a stream has started it is never retried; if the backend fails mid-way (reset, idle
+//!   timeout, oversized event, early end) the client gets a terminal SSE error event carrying an
+//!   OpenAI error object, then `data: [DONE]`, so SDKs raise instead of returning a silently
+//!   truncated answer.
+//! - [`Settle`] runs exactly once, on completion or on drop (client gone), releasing the load
+//!   guard and writing the access line.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio::time::Sleep;
+
+use super::sse::{event_data_borrowed, SseScanner};
+use crate::config::HealthConfig;
+use crate::fleet::{Backend, LoadGuard};
+use crate::openai::edit::{self, Splice};
+use crate::openai::ApiError;
+use crate::telemetry::access::AccessRecord;
+use crate::telemetry::metrics as m;
+
+/// Token counts a backend reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+}
+
+/// How a request ended, for settlement hooks (limits reconcile with it).
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    pub usage: Option<Usage>,
+    /// The backend produced the whole answer.
+    pub complete: bool,
+}
+
+/// Work to do when a request is over.
+pub type SettleHook = Box<dyn FnOnce(&Outcome) + Send>;
+
+/// Everything released when a request is over; runs once, on completion or drop.
+pub struct Settle {
+    pub record: AccessRecord,
+    pub guard: Option<LoadGuard>,
+    pub hooks: Vec<SettleHook>,
+    pub usage: Option<Usage>,
+    pub complete: bool,
+    done: bool,
+}
+
+impl Settle {
+    pub fn new(record: AccessRecord) -> Settle {
+        Settle {
+            record,
+            guard: None,
+            hooks: Vec::new(),
+            usage: None,
+            complete: false,
+            done: false,
+        }
+    }
+
+    fn run(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if let Some(u) = self.usage {
+            self.record.prompt_tokens = Some(u.prompt_tokens);
+            self.record.completion_tokens = Some(u.completion_tokens);
+        }
+        self.guard = None;
+        let outcome = Outcome {
+            usage: self.usage,
+            complete: self.complete,
+        };
+        for hook in self.hooks.drain(..) {
+            hook(&outcome);
+        }
+        self.record.finish();
+    }
+
+    /// Settle now (for responses that are not streamed).
+    pub fn finish(mut self) {
+        self.run();
+    }
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        if !self.done && !self.complete && self.record.error.is_none() {
+            self.record.cancelled = true;
+        }
+        self.run();
+    }
+}
+
+/// Edits applied to each event of a stream (all off = pure pass-through).
+#[derive(Debug, Clone, Default)]
+pub struct Edits {
+    /// Put the client's model name back into `model`.
+    pub rename_model: Option<String>,
+    /// Drop the usage-only chunk (`choices: []`) that Sluice asked for on the client's behalf.
+    pub strip_usage: bool,
+    /// Replace an empty `id` (TGI) with this one.
+    pub fill_id: Option<String>,
+    /// TGI's `finish_reason: "stop_sequence"` becomes OpenAI's `"stop"`.
+    pub normalize_finish: bool,
+}
+
+impl Edits {
+    pub fn is_passthrough(&self) -> bool {
+        self.rename_model.is_none() && !self.strip_usage && self.fill_id.is_none() && !self.normalize_finish
+    }
+}
+
+#[derive(Deserialize)]
+struct ChunkLite<'a> {
+    #[serde(borrow, default)]
+    choices: Option<Vec<ChoiceLite<'a>>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceLite<'a> {
+    #[serde(borrow, default)]
+    delta: Option<DeltaLite<'a>>,
+    #[serde(borrow, default)]
+    text: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    message: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct DeltaLite<'a> {
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<&'a RawValue>,
+}
+
+fn has_text(v: Option<&RawValue>) -> bool {
+    v.is_some_and(|r| {
+        let s = r.get();
+        s != "null" && s != "\"\"" && s != "[]"
+    })
+}
+
+/// What one event told us.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    done: bool,
+    text: bool,
+    usage: Option<Usage>,
+    usage_only: bool,
+    error: bool,
+}
+
+fn inspect(data: &[u8]) -> Seen {
+    if data == b"[DONE]" {
+        return Seen {
+            done: true,
+            ..Seen::default()
+        };
+    }
+    let Ok(chunk) = serde_json::from_slice::<ChunkLite<'_>>(data) else {
+        return Seen::default();
+    };
+    let mut seen = Seen {
+        usage: chunk.usage,
+        error: chunk.error.is_some(),
+        ..Seen::default()
+    };
+    if let Some(choices) = &chunk.choices {
+        seen.usage_only = choices.is_empty() && chunk.usage.is_some();
+        seen.text = choices.iter().any(|c| {
+            has_text(c.text)
+                || has_text(c.message)
+                || c.delta.as_ref().is_some_and(|d| {
+                    has_text(d.content) || has_text(d.tool_calls) || has_text(d.reasoning_content)
+                })
+        });
+    }
+    seen
+}
+
+/// Apply `edits` to one JSON object (a chunk or a whole response).
+pub fn edit_json(json: &[u8], edits: &Edits) -> Option<Bytes> {
+    let chunk: ChunkLite<'_> = serde_json::from_slice(json).ok()?;
+    let mut splices = Vec::new();
+    let offset = |raw: &RawValue| (raw.get().as_ptr() as usize).checked_sub(json.as_ptr() as usize);
+    if let (Some(to), Some(raw)) = (&edits.rename_model, chunk.model) {
+        if raw.get().starts_with('"') {
+            let start = offset(raw)?;
+            splices.push(Splice {
+                span: start..start + raw.get().len(),
+                with: edit::json_string(to),
+            });
+        }
+    }
+    if let (Some(id), Some(raw)) = (&edits.fill_id, chunk.id) {
+        if raw.get() == "\"\"" {
+            let start = offset(raw)?;
+            splices.push(Splice {
+                span: start..start + raw.get().len(),
+                with: edit::json_string(id),
+            });
+        }
+    }
+    let mut out = edit::apply(&Bytes::copy_from_slice(json), splices);
+    if edits.normalize_finish {
+        let needle: &[u8] = br#""finish_reason":"stop_sequence""#;
+        if out.windows(needle.len()).any(|w| w == needle) {
+            let text = String::from_utf8_lossy(&out).replace(
+                r#""finish_reason":"stop_sequence""#,
+                r#""finish_reason":"stop""#,
+            );
+            out = Bytes::from(text);
+        }
+    }
+    Some(out)
+}
+
+/// Read a usage object out of a whole (non-streamed) response.
+pub fn usage_of(json: &[u8]) -> Option<Usage> {
+    serde_json::from_slice::<ChunkLite<'_>>(json).ok()?.usage
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Streaming,
+    Done,
+}
+
+/// A streamed backend response on its way to the client.
+pub struct ObservedStream {
+    upstream: Incoming,
+    scanner: SseScanner,
+    edits: Edits,
+    idle: Duration,
+    idle_timer: Pin<Box<Sleep>>,
+    out: VecDeque<Bytes>,
+    phase: Phase,
+    saw_done: bool,
+    saw_text: bool,
+    saw_error: bool,
+    head_at: Instant,
+    backend: Arc<Backend>,
+    health: HealthConfig,
+    settle: Settle,
+}
+
+impl ObservedStream {
+    pub fn new(
+        upstream: Incoming,
+        edits: Edits,
+        idle: Duration,
+        backend: Arc<Backend>,
+        health: HealthConfig,
+        settle: Settle,
+    ) -> Self {
+        ObservedStream {
+            upstream,
+            scanner: SseScanner::new(),
+            edits,
+            idle,
+            idle_timer: Box::pin(tokio::time::sleep(idle)),
+            out: VecDeque::new(),
+            phase: Phase::Streaming,
+            saw_done: false,
+            saw_text: false,
+            saw_error: false,
+            head_at: Instant::now(),
+            backend,
+            health,
+            settle,
+        }
+    }
+
+    fn observe(&mut self, seen: Seen) {
+        if seen.done {
+            self.saw_done = true;
+        }
+        if seen.error {
+            self.saw_error = true;
+            self.settle.record.error = Some("backend_stream_error".into());
+        }
+        if seen.text {
+            if !self.saw_text {
+                self.saw_text = true;
+                self.settle.record.ttft = Some(self.settle.record.started.elapsed());
+            }
+            if let Some(g) = self.settle.guard.as_mut() {
+                g.release_tokens(1);
+            }
+        }
+        if let Some(u) = seen.usage {
+            self.settle.usage = Some(u);
+        }
+    }
+
+    fn on_data(&mut self, data: Bytes) {
+        if let Err(e) = self.scanner.feed(&data) {
+            self.interrupt(&e.to_string());
+            return;
+        }
+        if self.edits.is_passthrough() {
+            while let Some(event) = self.scanner.next_event() {
+                if let Some(payload) = event_data_borrowed(&event) {
+                    let seen = inspect(&payload);
+                    self.observe(seen);
+                }
+            }
+            self.scanner.mark_scanned();
+            self.out.push_back(data);
+            return;
+        }
+        let mut batch = BytesMut::new();
+        while let Some(event) = self.scanner.next_event() {
+            let Some(payload) = event_data_borrowed(&event) else {
+                batch.extend_from_slice(&event); // a comment or keep-alive: as it came
+                continue;
+            };
+            let seen = inspect(&payload);
+            self.observe(seen);
+            if seen.usage_only && self.edits.strip_usage {
+                continue;
+            }
+            if seen.done {
+                batch.extend_from_slice(b"data: [DONE]\n\n");
+                continue;
+            }
+            let edited = edit_json(&payload, &self.edits).unwrap_or_else(|| Bytes::copy_from_slice(&payload));
+            batch.extend_from_slice(b"data: ");
+            batch.extend_from_slice(&edited);
+            batch.extend_from_slice(b"\n\n");
+        }
+        self.scanner.mark_scanned();
+        if !batch.is_empty() {
+            self.out.push_back(batch.freeze());
+        }
+    }
+
+    fn on_end(&mut self) {
+        let rest = self.scanner.take_rest();
+        if !rest.is_empty() && !self.edits.is_passthrough() {
+            self.out.push_back(rest);
+        }
+        if !self.saw_done {
+            if self.saw_error {
+                self.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            } else {
+                self.interrupt("the backend ended the stream before it was complete");
+                return;
+            }
+        }
+        self.settle.complete = !self.saw_error;
+        if !self.saw_error {
+            self.backend.state.record_live_success();
+        }
+        self.phase = Phase::Done;
+    }
+
+    fn interrupt(&mut self, why: &str) {
+        tracing::warn!(
+            request_id = %self.settle.record.request_id,
+            backend = self.backend.name(),
+            after_ms = self.head_at.elapsed().as_millis() as u64,
+            "stream interrupted: {why}"
+        );
+        metrics::counter!(m::STREAM_INTERRUPTIONS_TOTAL, "backend" => self.backend.name().to_string())
+            .increment(1);
+        self.backend.state.record_live_failure(&self.health, false, why);
+        let err = ApiError::bad_gateway(format!(
+            "The backend stopped in the middle of the answer ({why}). The answer is incomplete."
+        ))
+        .with_code("backend_stream_interrupted");
+        let mut event = BytesMut::new();
+        event.extend_from_slice(b"data: ");
+        event.extend_from_slice(err.body_json().as_bytes());
+        event.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+        self.out.push_back(event.freeze());
+        self.settle.record.error = Some("stream_interrupted".into());
+        self.phase = Phase::Done;
+    }
+}
+
+impl Body for ObservedStream {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(b) = this.out.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(b))));
+            }
+            if this.phase == Phase::Done {
+                this.settle.run();
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut this.upstream).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        let deadline = tokio::time::Instant::now() + this.idle;
+                        this.idle_timer.as_mut().reset(deadline);
+                        if !data.is_empty() {
+                            this.on_data(data);
+                        }
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => this.interrupt(&format!("connection lost: {e}")),
+                Poll::Ready(None) => this.on_end(),
+                Poll::Pending => {
+                    if this.idle_timer.as_mut().poll(cx).is_ready() {
+                        let idle = this.idle;
+                        this.interrupt(&format!("no data for {idle:?}"));
+                        continue;
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.phase == Phase::Done && self.out.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inspect_chunks() {
+        let s = inspect(br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#);
+        assert!(!s.text);
+        let s = inspect(br#"{"choices":[{"index":0,"delta":{"content":"Hi"}}],"usage":null}"#);
+        assert!(s.text && s.usage.is_none());
+        let s = inspect(br#"{"choices":[],"usage":{"prompt_tokens":10,"total_tokens":16,"completion_tokens":6}}"#);
+        assert!(s.usage_only);
+        assert_eq!(s.usage, Some(Usage { prompt_tokens: 10, completion_tokens: 6 }));
+        assert!(inspect(b"[DONE]").done);
+        assert!(inspect(br#"{"error":{"message":"Model is overloaded","http_status_code":422}}"#).error);
+        assert!(inspect(br#"{"choices":[{"text":" sh","index":0}]}"#).text);
+    }
+
+    #[test]
+    fn edits_rename_fill_and_normalise() {
+        let edits = Edits {
+            rename_model: Some("llama3".into()),
+            fill_id: Some("chatcmpl-x".into()),
+            normalize_finish: true,
+            strip_usage: false,
+        };
+        let out = edit_json(
+            br#"{"id":"","model":"llama-3.1-8b","choices":[{"finish_reason":"stop_sequence"}]}"#,
+            &edits,
+        )
+        .unwrap();
+        assert_eq!(&out[..], br#"{"id":"chatcmpl-x","model":"llama3","choices":[{"finish_reason":"stop"}]}"#);
+        assert_eq!(usage_of(br#"{"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#).unwrap().completion_tokens, 2);
+    }
+}

@@ -1,0 +1,222 @@
+//! The HTTP surface: the OpenAI-compatible client API and the operations endpoints.
+//!
+//! Client API: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+//! `GET /v1/models`, `GET /v1/models/{id}`. Operations: `GET /healthz`, `/readyz`, `/metrics`,
+//! `/admin/backends`. When an admin listener is configured the operations other than
+//! `/healthz` and `/readyz` are served only there. Unknown paths get an OpenAI-shaped 404, a
+//! wrong method a 405.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, Request, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::fleet::Health;
+use crate::gateway::Gateway;
+use crate::openai::{ApiError, Endpoint};
+use crate::proxy;
+use crate::telemetry::metrics as m;
+
+/// The client-facing router (plus operations, unless `with_ops` is false).
+pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
+    let mut r = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{*id}", get(get_model))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz));
+    if with_ops {
+        r = r.merge(ops_routes());
+    }
+    finish(r, gw)
+}
+
+/// The admin listener's router: operations only.
+pub fn admin(gw: Arc<Gateway>) -> Router {
+    let r = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(ops_routes());
+    finish(r, gw)
+}
+
+fn ops_routes() -> Router<Arc<Gateway>> {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/admin/backends", get(admin_backends))
+}
+
+fn finish(r: Router<Arc<Gateway>>, gw: Arc<Gateway>) -> Router {
+    r.fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(gw)
+}
+
+async fn chat(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Response {
+    proxy::handle(gw, Endpoint::Chat, req).await
+}
+
+async fn completions(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Response {
+    proxy::handle(gw, Endpoint::Completions, req).await
+}
+
+async fn embeddings(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Response {
+    proxy::handle(gw, Endpoint::Embeddings, req).await
+}
+
+async fn not_found(uri: Uri) -> Response {
+    ApiError::not_found_path(uri.path()).into_response()
+}
+
+async fn method_not_allowed() -> Response {
+    ApiError::method_not_allowed().into_response()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+async fn list_models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let rt = gw.runtime();
+    let identity = match rt.keys.authenticate(&headers) {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
+    };
+    let created = unix_now();
+    let data: Vec<_> = rt
+        .fleet
+        .models()
+        .into_iter()
+        .filter(|m| identity.allows(&rt.fleet, &m.id))
+        .map(|m| json!({"id": m.id, "object": "model", "created": created, "owned_by": m.owned_by}))
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn get_model(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let rt = gw.runtime();
+    let identity = match rt.keys.authenticate(&headers) {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
+    };
+    let found = rt
+        .fleet
+        .models()
+        .into_iter()
+        .find(|m| m.id == id && identity.allows(&rt.fleet, &m.id));
+    match found {
+        Some(m) => Json(json!({"id": m.id, "object": "model", "created": unix_now(), "owned_by": m.owned_by}))
+            .into_response(),
+        None => ApiError::model_not_found(&id).into_response(),
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
+    if gw.is_ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else if !gw.accepting() {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no backend available\n").into_response()
+    }
+}
+
+/// The admin token check: required when one is configured.
+fn admin_allowed(gw: &Gateway, headers: &HeaderMap) -> Result<(), Response> {
+    let rt = gw.runtime();
+    let Some(token) = rt.config.admin.as_ref().and_then(|a| a.token.as_deref()) else {
+        return Ok(());
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    use subtle::ConstantTimeEq;
+    if presented.as_bytes().ct_eq(token.as_bytes()).into() {
+        Ok(())
+    } else {
+        Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "admin token required")
+            .with_code("invalid_admin_token")
+            .into_response())
+    }
+}
+
+async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if let Err(r) = admin_allowed(&gw, &headers) {
+        return r;
+    }
+    let rt = gw.runtime();
+    for b in &rt.fleet.backends {
+        let name = b.name().to_string();
+        metrics::gauge!(m::BACKEND_INFLIGHT_REQUESTS, "backend" => name.clone())
+            .set(b.state.inflight_requests.load(Ordering::Relaxed) as f64);
+        metrics::gauge!(m::BACKEND_INFLIGHT_TOKENS, "backend" => name.clone())
+            .set(b.state.inflight_tokens.load(Ordering::Relaxed) as f64);
+        let current = b.state.health();
+        for h in Health::ALL {
+            metrics::gauge!(m::BACKEND_STATE, "backend" => name.clone(), "state" => h.as_str())
+                .set(if h == current { 1.0 } else { 0.0 });
+        }
+    }
+    let body = m::handle().render();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+async fn admin_backends(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if let Err(r) = admin_allowed(&gw, &headers) {
+        return r;
+    }
+    let rt = gw.runtime();
+    let now = crate::fleet::backend::now_ms();
+    let backends: Vec<_> = rt
+        .fleet
+        .backends
+        .iter()
+        .map(|b| {
+            let t = b.state.track();
+            json!({
+                "name": b.name(),
+                "kind": b.kind().as_str(),
+                "url": b.config.url.to_string(),
+                "state": b.state.health().as_str(),
+                "models": b.model_names(),
+                "inflight_requests": b.state.inflight_requests.load(Ordering::Relaxed),
+                "inflight_tokens": b.state.inflight_tokens.load(Ordering::Relaxed),
+                "requests_total": b.state.requests_total.load(Ordering::Relaxed),
+                "failures_total": b.state.failures_total.load(Ordering::Relaxed),
+                "consecutive_failures": t.live_fail_streak,
+                "ejections": t.ejections,
+                "ejected_for_ms": t.ejected_until_ms.saturating_sub(now),
+                "skipped_for_ms": b.state.skip_until_ms.load(Ordering::Relaxed).saturating_sub(now),
+                "last_error": t.last_error,
+                "weight": b.config.weight,
+            })
+        })
+        .collect();
+    Json(json!({ "backends": backends })).into_response()
+}

@@ -1,0 +1,53 @@
+//! Metric names and the Prometheus recorder.
+//!
+//! Every metric Sluice exports is named here, with `sluice_` prefix and base units. Labels:
+//! `endpoint` (chat|completions|embeddings), `model` (the client's model name as configured —
+//! unknown names are reported as `unknown`), `backend`, `tenant`, `status` (2xx|4xx|5xx), `state`.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const REQUESTS_TOTAL: &str = "sluice_requests_total";
+pub const REQUEST_DURATION_SECONDS: &str = "sluice_request_duration_seconds";
+pub const TIME_TO_FIRST_TOKEN_SECONDS: &str = "sluice_time_to_first_token_seconds";
+pub const PROMPT_TOKENS_TOTAL: &str = "sluice_prompt_tokens_total";
+pub const COMPLETION_TOKENS_TOTAL: &str = "sluice_completion_tokens_total";
+pub const BACKEND_REQUESTS_TOTAL: &str = "sluice_backend_requests_total";
+pub const BACKEND_INFLIGHT_REQUESTS: &str = "sluice_backend_inflight_requests";
+pub const BACKEND_INFLIGHT_TOKENS: &str = "sluice_backend_inflight_tokens";
+pub const BACKEND_STATE: &str = "sluice_backend_state";
+pub const FAILOVERS_TOTAL: &str = "sluice_failovers_total";
+pub const STREAM_INTERRUPTIONS_TOTAL: &str = "sluice_stream_interruptions_total";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// The process-wide Prometheus handle; installs the recorder on first use.
+pub fn handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may be installed already (a test harness); the handle still renders ours.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// `2xx`, `4xx`, `5xx`.
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
