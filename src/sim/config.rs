@@ -1,0 +1,490 @@
+//! Simulator configuration: the engine kind, the `sluice sim` command-line arguments and the
+//! validated [`SimConfig`] the server runs on.
+//!
+//! Invariants: a `SimConfig` always names at least one model, has a finite non-negative `speed`,
+//! non-zero batch and KV limits, and (for Ollama) model names normalised to `name:tag`.
+//! Defaults are per kind and follow each engine's own defaults where they exist
+//! (vLLM `--max-num-seqs 256`, TGI `MAX_CONCURRENT_REQUESTS 128`, Ollama `OLLAMA_NUM_PARALLEL 1`,
+//! `OLLAMA_MAX_QUEUE 512`, `OLLAMA_KEEP_ALIVE 5m`).
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::fault::{Fault, FaultMode};
+use super::SimError;
+
+/// Which engine the simulator imitates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SimKind {
+    /// vLLM's OpenAI-compatible server.
+    Vllm,
+    /// Hugging Face text-generation-inference.
+    Tgi,
+    /// Ollama.
+    Ollama,
+}
+
+impl SimKind {
+    /// The lower-case name used on the command line and in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SimKind::Vllm => "vllm",
+            SimKind::Tgi => "tgi",
+            SimKind::Ollama => "ollama",
+        }
+    }
+}
+
+impl fmt::Display for SimKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SimKind {
+    type Err = SimError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "vllm" => Ok(SimKind::Vllm),
+            "tgi" => Ok(SimKind::Tgi),
+            "ollama" => Ok(SimKind::Ollama),
+            other => Err(SimError::Config(format!(
+                "unknown simulator kind `{other}` (expected vllm, tgi or ollama)"
+            ))),
+        }
+    }
+}
+
+/// The continuous-batching timing model. All durations are at `speed = 1`; the simulator divides
+/// them by `speed` (and multiplies them by the `slow` fault factor).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timing {
+    /// Maximum number of sequences in the running batch (vLLM `--max-num-seqs`; Ollama's
+    /// `OLLAMA_NUM_PARALLEL`).
+    pub max_num_seqs: usize,
+    /// KV-cache capacity in tokens. A request reserves `prompt + max output` tokens when it is
+    /// scheduled; requests wait while the reservation does not fit.
+    pub kv_capacity_tokens: u64,
+    /// Prefill cost per uncached prompt token.
+    pub prefill_per_token: Duration,
+    /// Fixed cost of one decode step.
+    pub decode_base: Duration,
+    /// Extra cost of one decode step per running sequence.
+    pub decode_per_seq: Duration,
+    /// Prefix-cache block size in tokens (only whole blocks are cached, as in vLLM).
+    pub block_size: u32,
+    /// Range of the "natural" answer length (the model stops by itself) in tokens.
+    pub min_output_tokens: u32,
+    /// Upper end of the natural answer length.
+    pub max_output_tokens: u32,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            max_num_seqs: 256,
+            kv_capacity_tokens: 131_072,
+            prefill_per_token: Duration::from_micros(100),
+            decode_base: Duration::from_millis(15),
+            decode_per_seq: Duration::from_micros(150),
+            block_size: 16,
+            min_output_tokens: 16,
+            max_output_tokens: 128,
+        }
+    }
+}
+
+/// The validated configuration of one simulator.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Engine personality.
+    pub kind: SimKind,
+    /// Served model names (the first one is the default model and the vLLM metrics label).
+    pub models: Vec<String>,
+    /// Address to bind (`sluice sim --host`).
+    pub host: IpAddr,
+    /// Port to bind (0 = any free port).
+    pub port: u16,
+    /// Time scale: `F` = F times faster than the default timing model; 0 = no delays at all.
+    pub speed: f64,
+    /// Seed of the deterministic text generator (a request's own `seed` takes precedence).
+    pub seed: u64,
+    /// Continuous-batching timing model.
+    pub timing: Timing,
+    /// vLLM `max_model_len` (also TGI `max_total_tokens` and Ollama's context length).
+    pub max_model_len: u32,
+    /// TGI `max_concurrent_requests`: past this many in-flight requests TGI answers 429.
+    pub max_concurrent_requests: usize,
+    /// TGI `max_input_tokens`.
+    pub max_input_tokens: u32,
+    /// Ollama `OLLAMA_MAX_QUEUE`: waiting requests beyond it get 503 "server busy".
+    pub max_queue: usize,
+    /// Ollama model load time paid by the first request after the model was unloaded.
+    pub load_time: Duration,
+    /// Ollama `OLLAMA_KEEP_ALIVE`: how long a model stays loaded after its last request.
+    pub keep_alive: Duration,
+    /// Whether Ollama models start loaded (false = the first request pays `load_time`).
+    pub preloaded: bool,
+    /// Dimension of the embedding vectors.
+    pub embedding_dim: usize,
+    /// Fault active at start-up (normally healthy).
+    pub fault: Fault,
+}
+
+impl SimConfig {
+    /// A configuration with the kind's realistic defaults, serving `models`.
+    pub fn new(kind: SimKind, models: Vec<String>) -> SimConfig {
+        let mut timing = Timing::default();
+        let max_concurrent_requests = match kind {
+            SimKind::Tgi => 128,
+            _ => 1024,
+        };
+        match kind {
+            SimKind::Vllm => {}
+            SimKind::Tgi => timing.max_num_seqs = 128,
+            SimKind::Ollama => {
+                timing.max_num_seqs = 1;
+                // llama.cpp on one GPU: slower steps, no batching gain.
+                timing.decode_base = Duration::from_millis(20);
+            }
+        }
+        let models = if kind == SimKind::Ollama {
+            models.into_iter().map(|m| ollama_name(&m)).collect()
+        } else {
+            models
+        };
+        SimConfig {
+            kind,
+            models,
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+            speed: 1.0,
+            seed: 0,
+            timing,
+            max_model_len: match kind {
+                SimKind::Ollama => 4096,
+                _ => 8192,
+            },
+            max_concurrent_requests,
+            max_input_tokens: 8191,
+            max_queue: 512,
+            load_time: Duration::from_millis(1500),
+            keep_alive: Duration::from_secs(300),
+            preloaded: false,
+            embedding_dim: 384,
+            fault: Fault::healthy(),
+        }
+    }
+
+    /// Time scale (0 = no delays at all).
+    pub fn speed(mut self, speed: f64) -> Self {
+        self.speed = speed;
+        self
+    }
+    /// Port to bind.
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+    /// Host to bind.
+    pub fn host(mut self, host: IpAddr) -> Self {
+        self.host = host;
+        self
+    }
+    /// Seed of the text generator.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+    /// Maximum running sequences (Ollama: parallel slots per model).
+    pub fn max_num_seqs(mut self, n: usize) -> Self {
+        self.timing.max_num_seqs = n;
+        self
+    }
+    /// Ollama `OLLAMA_NUM_PARALLEL` (same as `max_num_seqs`).
+    pub fn parallel(self, n: usize) -> Self {
+        self.max_num_seqs(n)
+    }
+    /// KV-cache capacity in tokens.
+    pub fn kv_capacity_tokens(mut self, tokens: u64) -> Self {
+        self.timing.kv_capacity_tokens = tokens;
+        self
+    }
+    /// TGI `max_concurrent_requests`.
+    pub fn max_concurrent_requests(mut self, n: usize) -> Self {
+        self.max_concurrent_requests = n;
+        self
+    }
+    /// Ollama `OLLAMA_MAX_QUEUE`.
+    pub fn max_queue(mut self, n: usize) -> Self {
+        self.max_queue = n;
+        self
+    }
+    /// Ollama model load time.
+    pub fn load_time(mut self, d: Duration) -> Self {
+        self.load_time = d;
+        self
+    }
+    /// Ollama keep-alive.
+    pub fn keep_alive(mut self, d: Duration) -> Self {
+        self.keep_alive = d;
+        self
+    }
+    /// Whether Ollama models start loaded.
+    pub fn preloaded(mut self, yes: bool) -> Self {
+        self.preloaded = yes;
+        self
+    }
+    /// vLLM `max_model_len`.
+    pub fn max_model_len(mut self, n: u32) -> Self {
+        self.max_model_len = n;
+        self
+    }
+    /// Replace the whole timing model.
+    pub fn timing(mut self, timing: Timing) -> Self {
+        self.timing = timing;
+        self
+    }
+    /// Natural answer length range in tokens.
+    pub fn output_tokens(mut self, min: u32, max: u32) -> Self {
+        self.timing.min_output_tokens = min;
+        self.timing.max_output_tokens = max;
+        self
+    }
+    /// Fault active at start-up.
+    pub fn fault(mut self, fault: Fault) -> Self {
+        self.fault = fault;
+        self
+    }
+
+    /// The address `sluice sim` binds.
+    pub fn bind_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.host, self.port)
+    }
+
+    /// Check the invariants listed in the module doc.
+    pub fn validate(mut self) -> Result<SimConfig, SimError> {
+        if self.models.is_empty() {
+            return Err(SimError::Config("at least one --model is required".into()));
+        }
+        if self.models.iter().any(|m| m.trim().is_empty()) {
+            return Err(SimError::Config("model names must not be empty".into()));
+        }
+        if !self.speed.is_finite() || self.speed < 0.0 {
+            return Err(SimError::Config(format!(
+                "--speed must be a finite number >= 0, got {}",
+                self.speed
+            )));
+        }
+        if self.timing.max_num_seqs == 0 || self.timing.kv_capacity_tokens == 0 {
+            return Err(SimError::Config(
+                "--max-num-seqs and --kv-capacity-tokens must be > 0".into(),
+            ));
+        }
+        if self.timing.block_size == 0 {
+            return Err(SimError::Config("--block-size must be > 0".into()));
+        }
+        if self.timing.min_output_tokens == 0
+            || self.timing.min_output_tokens > self.timing.max_output_tokens
+        {
+            return Err(SimError::Config(
+                "output token range must satisfy 1 <= min <= max".into(),
+            ));
+        }
+        if self.max_model_len == 0 || self.max_concurrent_requests == 0 {
+            return Err(SimError::Config(
+                "--max-model-len and --max-concurrent-requests must be > 0".into(),
+            ));
+        }
+        if self.kind == SimKind::Ollama {
+            self.models = self.models.iter().map(|m| ollama_name(m)).collect();
+        }
+        let mut seen = std::collections::HashSet::new();
+        for m in &self.models {
+            if !seen.insert(m.clone()) {
+                return Err(SimError::Config(format!("model `{m}` is listed twice")));
+            }
+        }
+        self.fault.validate().map_err(SimError::Config)?;
+        Ok(self)
+    }
+}
+
+/// Ollama names are `model:tag`; the tag defaults to `latest`.
+pub(crate) fn ollama_name(name: &str) -> String {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    if last.contains(':') {
+        name.to_string()
+    } else {
+        format!("{name}:latest")
+    }
+}
+
+fn parse_duration_secs(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("`{s}` must be >= 0 seconds"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// Arguments of `sluice sim`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SimArgs {
+    /// Engine to imitate: vllm, tgi or ollama.
+    #[arg(long, value_parser = parse_kind)]
+    pub kind: SimKind,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port to bind (0 = any free port).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// A served model name (repeat for several models).
+    #[arg(long = "model", required = true)]
+    pub models: Vec<String>,
+    /// F times faster than the default timing model; 0 = no delays at all.
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// Seed of the deterministic text generator.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Maximum running sequences per model (Ollama: parallel slots, like OLLAMA_NUM_PARALLEL).
+    #[arg(long, alias = "parallel")]
+    pub max_num_seqs: Option<usize>,
+    /// KV-cache capacity in tokens per model.
+    #[arg(long)]
+    pub kv_capacity_tokens: Option<u64>,
+    /// Prefill cost per uncached prompt token, in microseconds.
+    #[arg(long)]
+    pub prefill_us_per_token: Option<u64>,
+    /// Fixed cost of a decode step, in microseconds.
+    #[arg(long)]
+    pub decode_base_us: Option<u64>,
+    /// Extra decode-step cost per running sequence, in microseconds.
+    #[arg(long)]
+    pub decode_per_seq_us: Option<u64>,
+    /// Prefix-cache block size in tokens.
+    #[arg(long)]
+    pub block_size: Option<u32>,
+    /// Shortest natural answer in tokens.
+    #[arg(long)]
+    pub min_output_tokens: Option<u32>,
+    /// Longest natural answer in tokens.
+    #[arg(long)]
+    pub max_output_tokens: Option<u32>,
+    /// Context length (vLLM max_model_len, TGI max_total_tokens, Ollama context length).
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
+    /// TGI max_concurrent_requests (429 beyond it).
+    #[arg(long)]
+    pub max_concurrent_requests: Option<usize>,
+    /// TGI max_input_tokens.
+    #[arg(long)]
+    pub max_input_tokens: Option<u32>,
+    /// Ollama OLLAMA_MAX_QUEUE (503 beyond it).
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// Ollama model load time in seconds.
+    #[arg(long, value_parser = parse_duration_secs)]
+    pub load_time: Option<Duration>,
+    /// Ollama keep-alive in seconds.
+    #[arg(long, value_parser = parse_duration_secs)]
+    pub keep_alive: Option<Duration>,
+    /// Ollama: start with the models loaded.
+    #[arg(long)]
+    pub preloaded: bool,
+    /// Fault at start-up: healthy, hang, slow, error_rate, drop_midstream, overloaded,
+    /// health_fail, loading, refuse.
+    #[arg(long, default_value = "healthy", value_parser = parse_mode)]
+    pub fault: FaultMode,
+    /// `slow` fault: latency multiplier.
+    #[arg(long)]
+    pub fault_factor: Option<f64>,
+    /// `error_rate` fault: fraction of inference requests answered with a 5xx.
+    #[arg(long)]
+    pub fault_rate: Option<f64>,
+    /// `drop_midstream` fault: chunks sent before the connection is cut.
+    #[arg(long)]
+    pub fault_after_chunks: Option<u32>,
+    /// `loading` / `refuse` fault: duration in seconds.
+    #[arg(long)]
+    pub fault_seconds: Option<f64>,
+}
+
+fn parse_kind(s: &str) -> Result<SimKind, String> {
+    s.parse().map_err(|e: SimError| e.to_string())
+}
+
+fn parse_mode(s: &str) -> Result<FaultMode, String> {
+    s.parse()
+}
+
+impl SimArgs {
+    /// Validate the arguments into a [`SimConfig`].
+    pub fn into_config(self) -> Result<SimConfig, SimError> {
+        let mut c = SimConfig::new(self.kind, self.models)
+            .host(self.host)
+            .port(self.port)
+            .speed(self.speed)
+            .seed(self.seed);
+        let t = &mut c.timing;
+        if let Some(v) = self.max_num_seqs {
+            t.max_num_seqs = v;
+        }
+        if let Some(v) = self.kv_capacity_tokens {
+            t.kv_capacity_tokens = v;
+        }
+        if let Some(v) = self.prefill_us_per_token {
+            t.prefill_per_token = Duration::from_micros(v);
+        }
+        if let Some(v) = self.decode_base_us {
+            t.decode_base = Duration::from_micros(v);
+        }
+        if let Some(v) = self.decode_per_seq_us {
+            t.decode_per_seq = Duration::from_micros(v);
+        }
+        if let Some(v) = self.block_size {
+            t.block_size = v;
+        }
+        if let Some(v) = self.min_output_tokens {
+            t.min_output_tokens = v;
+        }
+        if let Some(v) = self.max_output_tokens {
+            t.max_output_tokens = v;
+        }
+        if let Some(v) = self.max_model_len {
+            c.max_model_len = v;
+        }
+        if let Some(v) = self.max_concurrent_requests {
+            c.max_concurrent_requests = v;
+        }
+        if let Some(v) = self.max_input_tokens {
+            c.max_input_tokens = v;
+        }
+        if let Some(v) = self.max_queue {
+            c.max_queue = v;
+        }
+        if let Some(v) = self.load_time {
+            c.load_time = v;
+        }
+        if let Some(v) = self.keep_alive {
+            c.keep_alive = v;
+        }
+        c.preloaded = self.preloaded;
+        c.fault = Fault::from_parts(
+            self.fault,
+            self.fault_factor,
+            self.fault_rate,
+            self.fault_after_chunks,
+            self.fault_seconds,
+            None,
+        );
+        c.validate()
+    }
+}

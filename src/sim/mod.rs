@@ -1,0 +1,187 @@
+//! The backend simulator: `sluice sim` imitates vLLM, TGI and Ollama closely enough that the
+//! gateway cannot tell — same endpoints, bodies, SSE/NDJSON framing, error bodies, metric names
+//! and overload behaviour — with a continuous-batching timing model and run-time faults.
+//!
+//! # Module map
+//! - [`config`]: [`SimKind`], the `sluice sim` arguments ([`SimArgs`]) and [`SimConfig`].
+//! - `server`: accept loop, hyper service, response body type, `/sim/*` control routes.
+//! - `engine`: the per-model continuous-batching scheduler (queue, batch limit, prefill,
+//!   decode steps, KV capacity, prefix cache).
+//! - `gen`: one generation as a handler sees it (fast path at speed 0, or scheduled).
+//! - `text`: deterministic text and the documented simple tokenizer.
+//! - [`fault`]: run-time faults and their shared state.
+//! - `openai_surface`: the OpenAI-compatible bodies with per-engine quirks.
+//! - `vllm`, `tgi`, `ollama`: the personalities.
+//! - `metrics`: statistics and their Prometheus exposition per engine.
+//!
+//! # Control endpoint (stable contract)
+//! On the simulator's own port, never subject to a fault:
+//!
+//! - `POST /sim/fault` with `{"mode": M, ...params}` sets the fault and answers the new
+//!   `/sim/state`. Modes and parameters:
+//!   - `healthy`: normal behaviour.
+//!   - `hang`: requests (inference and health) are accepted and never answered while the mode
+//!     lasts; when the mode changes they continue normally.
+//!   - `slow`: `factor` (default 10) multiplies every delay of the timing model (and Ollama's
+//!     load time); optional `delay_ms` adds a fixed delay before each answer, also at speed 0.
+//!   - `error_rate`: a fraction `rate` (default 1.0) of inference requests gets the engine's own
+//!     5xx (vLLM 500 `InternalServerError`, TGI 500 `incomplete_generation`, Ollama 500
+//!     `{"error":…}`); health still passes, so `rate: 1.0` is "inference fails, health passes".
+//!   - `drop_midstream`: a stream is cut abruptly (no terminating chunk) after `after_chunks`
+//!     chunks (default 1).
+//!   - `overloaded`: inference gets the engine's overload answer (vLLM 503
+//!     `ServiceUnavailableError`, TGI 429 `Model is overloaded` or its in-stream event, Ollama
+//!     503 `server busy, please try again.  maximum pending requests exceeded`).
+//!   - `health_fail`: health checks fail (vLLM 503 empty, TGI 503 `{"error":"unhealthy",
+//!     "error_type":"healthcheck"}`, Ollama `GET /` 503) while inference works.
+//!   - `loading`: for `seconds` (default 5): vLLM/TGI fail health and inference with 503; Ollama
+//!     unloads its models and the next request pays `seconds` of load time (`load_duration`).
+//!     Reverts to healthy by itself.
+//!   - `refuse`: new connections are reset, kept-alive ones closed at their next request, except
+//!     connections whose first bytes are a `/sim/` request; `seconds` > 0 reverts by itself.
+//!     (The listener stays open, so a client sees a reset rather than ECONNREFUSED.)
+//! - `GET /sim/fault`: the active fault.
+//! - `GET /sim/state`: `{"kind","speed","mode","fault":{…},"waiting","running","max_num_seqs",
+//!   "models":[{"name","waiting","running","kv_used_tokens","kv_capacity_tokens","kv_usage",
+//!   "prefix_cache_queries","prefix_cache_hits","prompt_tokens","generation_tokens","loaded",…}],
+//!   "counters":{"requests_total","by_status":{"200":n,…},"tokens_in","tokens_out",
+//!   "prefix_cache_hits","overloaded"}}`.
+//!
+//! Unknown modes or parameters get 400 `{"error":"…"}`.
+
+pub mod config;
+mod engine;
+pub mod fault;
+mod gen;
+mod metrics;
+mod ollama;
+mod openai_surface;
+mod server;
+mod text;
+mod tgi;
+mod vllm;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+pub use config::{SimArgs, SimConfig, SimKind, Timing};
+pub use fault::{Fault, FaultMode};
+
+/// Errors of the simulator.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The configuration is invalid.
+    #[error("invalid simulator configuration: {0}")]
+    Config(String),
+    /// A socket operation failed.
+    #[error("simulator I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub(crate) fn unix_now_f64() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Serve the simulator on `listener` until `shutdown` completes.
+pub async fn run(
+    listener: TcpListener,
+    config: SimConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), SimError> {
+    let config = config.validate()?;
+    tracing::info!(
+        kind = %config.kind,
+        addr = %listener.local_addr()?,
+        models = ?config.models,
+        speed = config.speed,
+        "simulator listening"
+    );
+    let sim = Arc::new(server::Sim::new(config));
+    server::serve(listener, sim, shutdown).await
+}
+
+/// A simulator running in a tokio task; dropping the handle stops it.
+pub struct SimHandle {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), SimError>>>,
+    sim: Arc<server::Sim>,
+}
+
+impl SimHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://HOST:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Set the fault in-process (same effect as `POST /sim/fault`).
+    pub fn set_fault(&self, fault: Fault) -> Result<(), SimError> {
+        fault.validate().map_err(SimError::Config)?;
+        self.sim.fault.set(fault);
+        Ok(())
+    }
+
+    /// The `/sim/state` document.
+    pub fn state(&self) -> serde_json::Value {
+        serde_json::from_slice(&server::state_json(&self.sim)).unwrap_or_default()
+    }
+
+    /// Stop the simulator and wait for its task.
+    pub async fn shutdown(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// Bind `config.bind_addr()` (port 0 = any free port) and run the simulator in a tokio task.
+pub async fn spawn(config: SimConfig) -> Result<SimHandle, SimError> {
+    let config = config.validate()?;
+    let listener = TcpListener::bind(config.bind_addr()).await?;
+    let addr = listener.local_addr()?;
+    let sim = Arc::new(server::Sim::new(config));
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(server::serve(listener, sim.clone(), async move {
+        let _ = rx.await;
+    }));
+    Ok(SimHandle {
+        addr,
+        stop: Some(tx),
+        task: Some(task),
+        sim,
+    })
+}

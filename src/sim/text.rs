@@ -1,0 +1,337 @@
+//! Deterministic text and the simulator's documented tokenizer.
+//!
+//! **Tokenizer.** Text is cut into *pieces*: a run of whitespace followed by a run of
+//! alphanumeric characters, or a run of whitespace followed by one other character. Each piece is
+//! cut into chunks of at most 4 bytes (on character boundaries); every chunk is one token. A chunk
+//! that is one of the generator's words (`" the"`, `" sky"`, …) has the id `1000 + index`; any
+//! other chunk has the id `2000 + fnv1a(chunk) % 30000`. Roughly "1 token ≈ 4 characters".
+//!
+//! **Generator.** An answer is a sequence of words of 1–3 letters, each preceded by one space, so
+//! each generated word is exactly one token and re-tokenizing an answer gives back its token count
+//! (usage is always consistent with the text). The words and the natural answer length are drawn
+//! from a SplitMix64 stream seeded by (seed, model, prompt): the same request with the same seed
+//! gives the same text.
+//!
+//! **Chat template.** Messages are rendered as `<|role|>\ncontent\n` each, followed by
+//! `<|assistant|>\n`, and the rendered text is tokenized; that is the prompt of chat requests
+//! (usage.prompt_tokens, prefix caching and vLLM `/tokenize` with `messages` all agree).
+
+/// The generator's vocabulary (each entry is one token when preceded by a space).
+pub(crate) const WORDS: &[&str] = &[
+    "the", "a", "of", "to", "and", "in", "is", "it", "you", "he", "was", "for", "on", "are", "as",
+    "his", "at", "be", "one", "had", "by", "but", "not", "all", "we", "can", "an", "or", "sky",
+    "sea", "sun", "red", "big", "new", "old", "way", "day", "man", "may", "now", "see", "two",
+    "how", "our", "out", "use", "say", "she", "her", "him", "has", "its", "who", "did", "get",
+    "let", "put", "run", "set", "try", "ask", "end", "own", "far", "few", "got", "low", "top",
+    "war", "law", "art", "air", "oil", "age", "job", "key", "car", "map", "dog", "cat", "fox",
+    "owl", "bee", "ant", "elk", "yak", "emu", "cow", "pig", "hen", "ram", "eel", "cod", "bay",
+    "dew", "fog", "ice", "mud", "ash", "elm", "oak", "ivy", "fig", "pea", "yam", "tea", "pie",
+    "jam", "egg", "ham", "nut", "gem", "ore", "tin", "ink", "pen", "cup", "pot", "pan", "box",
+    "bag", "hat", "cap", "bed", "rug", "fan", "toy", "kit", "net", "web", "app", "bus", "van",
+    "jet", "cab", "hub", "log", "row", "tab", "bit", "bug", "fix", "add", "mix", "zip", "tag",
+    "sum", "max", "min", "odd", "raw", "dry", "wet", "hot", "icy", "shy", "sly", "fit", "fun",
+    "wry", "apt", "yes", "no", "so", "up", "if", "go", "do", "me", "my", "us", "am", "hi", "ok",
+    "oh", "ah", "ox", "ex", "yo",
+];
+
+/// FNV-1a, 64 bit.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// SplitMix64: a tiny deterministic generator.
+#[derive(Clone)]
+pub(crate) struct SplitMix(u64);
+
+impl SplitMix {
+    pub(crate) fn new(seed: u64) -> Self {
+        SplitMix(seed)
+    }
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+}
+
+fn word_id(chunk: &str) -> Option<u32> {
+    let w = chunk.strip_prefix(' ')?;
+    WORDS.iter().position(|x| *x == w).map(|i| 1000 + i as u32)
+}
+
+fn push_chunks(piece: &str, out: &mut Vec<u32>) {
+    let mut start = 0;
+    while start < piece.len() {
+        let mut end = (start + 4).min(piece.len());
+        while end > start && !piece.is_char_boundary(end) {
+            end -= 1;
+        }
+        if end == start {
+            // a character wider than 4 bytes cannot happen in UTF-8, but never loop forever
+            end = piece.len();
+        }
+        let chunk = &piece[start..end];
+        let id = word_id(chunk).unwrap_or_else(|| 2000 + (fnv1a(chunk.as_bytes()) % 30_000) as u32);
+        out.push(id);
+        start = end;
+    }
+}
+
+fn for_each_piece(text: &str, mut f: impl FnMut(&str)) {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    let n = text.len();
+    while i < n {
+        let start = i;
+        // leading whitespace
+        while i < n && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i >= n {
+            f(&text[start..n]);
+            break;
+        }
+        let Some(c) = text[i..].chars().next() else {
+            break;
+        };
+        if c.is_alphanumeric() {
+            while i < n {
+                match text[i..].chars().next() {
+                    Some(c) if c.is_alphanumeric() => i += c.len_utf8(),
+                    _ => break,
+                }
+            }
+        } else {
+            i += c.len_utf8();
+        }
+        f(&text[start..i]);
+    }
+}
+
+/// Token ids of `text` (see the module doc).
+pub(crate) fn tokenize(text: &str) -> Vec<u32> {
+    let mut out = Vec::with_capacity(text.len() / 3 + 1);
+    for_each_piece(text, |p| push_chunks(p, &mut out));
+    out
+}
+
+/// Token count of `text`, without allocating the ids.
+pub(crate) fn count_tokens(text: &str) -> usize {
+    let mut n = 0;
+    for_each_piece(text, |p| {
+        let mut start = 0;
+        while start < p.len() {
+            let mut end = (start + 4).min(p.len());
+            while end > start && !p.is_char_boundary(end) {
+                end -= 1;
+            }
+            if end == start {
+                end = p.len();
+            }
+            n += 1;
+            start = end;
+        }
+    });
+    n
+}
+
+/// The text pieces of `text`, one per token (what TGI's `/tokenize` and vLLM's `token_strs` show).
+pub(crate) fn token_strs(text: &str) -> Vec<(u32, String, usize, usize)> {
+    let mut out = Vec::new();
+    let mut offset = 0usize;
+    for_each_piece(text, |p| {
+        let mut ids = Vec::new();
+        push_chunks(p, &mut ids);
+        let mut start = 0;
+        for id in ids {
+            let mut end = (start + 4).min(p.len());
+            while end > start && !p.is_char_boundary(end) {
+                end -= 1;
+            }
+            if end == start {
+                end = p.len();
+            }
+            out.push((id, p[start..end].to_string(), offset + start, offset + end));
+            start = end;
+        }
+        offset += p.len();
+    });
+    out
+}
+
+/// Text of token ids: generator words are restored, other ids render as U+FFFD.
+pub(crate) fn detokenize(ids: &[i64]) -> String {
+    let mut s = String::new();
+    for id in ids {
+        let idx = id - 1000;
+        if (0..WORDS.len() as i64).contains(&idx) {
+            s.push(' ');
+            s.push_str(WORDS[idx as usize]);
+        } else {
+            s.push('\u{fffd}');
+        }
+    }
+    s
+}
+
+/// The text of generated token `word` (an index into [`WORDS`]).
+pub(crate) fn word_text(word: u16) -> &'static str {
+    // " " + word: stored without the space; callers add it.
+    WORDS[(word as usize) % WORDS.len()]
+}
+
+/// Render chat messages with the simulator's template (see the module doc).
+pub(crate) fn render_chat<'a>(messages: impl Iterator<Item = (&'a str, String)>) -> String {
+    let mut s = String::new();
+    for (role, content) in messages {
+        s.push_str("<|");
+        s.push_str(role);
+        s.push_str("|>\n");
+        s.push_str(&content);
+        s.push('\n');
+    }
+    s.push_str("<|assistant|>\n");
+    s
+}
+
+/// Why an answer ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// The model stopped by itself.
+    Stop,
+    /// `max_tokens` was reached.
+    Length,
+}
+
+impl Finish {
+    pub(crate) fn as_openai(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// A planned answer: the words, why it ends, and the prompt it answers.
+pub(crate) struct Plan {
+    pub words: Vec<u16>,
+    pub finish: Finish,
+    pub prompt_ids: Vec<u32>,
+}
+
+impl Plan {
+    /// Deterministic answer to `prompt` for `model`; `max_tokens` caps the natural length.
+    pub(crate) fn new(
+        seed: u64,
+        model: &str,
+        prompt: &str,
+        max_tokens: Option<u32>,
+        min_len: u32,
+        max_len: u32,
+    ) -> Plan {
+        let prompt_ids = tokenize(prompt);
+        let mut rng = SplitMix::new(
+            seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                ^ fnv1a(model.as_bytes()).rotate_left(17)
+                ^ fnv1a(prompt.as_bytes()),
+        );
+        let span = u64::from(max_len.saturating_sub(min_len)) + 1;
+        let natural = min_len + rng.below(span) as u32;
+        let (len, finish) = match max_tokens {
+            Some(m) if m < natural => (m, Finish::Length),
+            _ => (natural, Finish::Stop),
+        };
+        let words = (0..len)
+            .map(|_| rng.below(WORDS.len() as u64) as u16)
+            .collect();
+        Plan {
+            words,
+            finish,
+            prompt_ids,
+        }
+    }
+
+    pub(crate) fn prompt_tokens(&self) -> u32 {
+        self.prompt_ids.len() as u32
+    }
+    pub(crate) fn completion_tokens(&self) -> u32 {
+        self.words.len() as u32
+    }
+    /// Text of words `from..to`.
+    pub(crate) fn text(&self, from: usize, to: usize) -> String {
+        let to = to.min(self.words.len());
+        let mut s = String::with_capacity((to.saturating_sub(from)) * 4);
+        for w in self.words.iter().take(to).skip(from) {
+            s.push(' ');
+            s.push_str(word_text(*w));
+        }
+        s
+    }
+    /// Token id of word `i`.
+    pub(crate) fn token_id(&self, i: usize) -> u32 {
+        self.words
+            .get(i)
+            .map(|w| 1000 + (*w as u32 % WORDS.len() as u32))
+            .unwrap_or(0)
+    }
+}
+
+/// Deterministic unit-length embedding of `text`.
+pub(crate) fn embedding(seed: u64, text: &str, dim: usize) -> Vec<f32> {
+    let mut rng = SplitMix::new(seed ^ fnv1a(text.as_bytes()));
+    let mut v: Vec<f32> = (0..dim)
+        .map(|_| ((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+        .collect();
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        for x in &mut v {
+            *x /= norm;
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_text_round_trips_through_the_tokenizer() {
+        let p = Plan::new(7, "m", "hello there", Some(50), 16, 128);
+        let text = p.text(0, p.words.len());
+        assert_eq!(count_tokens(&text), p.words.len());
+        assert_eq!(tokenize(&text).len(), p.words.len());
+    }
+
+    #[test]
+    fn same_seed_same_text() {
+        let a = Plan::new(1, "m", "x", None, 4, 40);
+        let b = Plan::new(1, "m", "x", None, 4, 40);
+        let c = Plan::new(2, "m", "x", None, 4, 40);
+        assert_eq!(a.words, b.words);
+        assert_ne!(a.words, c.words);
+    }
+
+    #[test]
+    fn tokenizer_counts_chunks() {
+        assert_eq!(count_tokens("Hello world"), 4); // "Hell" "o" " wor" "ld"
+        assert_eq!(tokenize("Hello world").len(), 4);
+        assert_eq!(count_tokens(""), 0);
+        assert_eq!(count_tokens(" the sky"), 2);
+        assert_eq!(count_tokens("héllo, wörld!"), count_tokens("héllo, wörld!"));
+    }
+}

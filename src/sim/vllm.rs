@@ -1,0 +1,609 @@
+//! The vLLM 0.32 personality: routes, headers (`server: uvicorn`, `vary: Origin`), validation
+//! errors in vLLM's nested body with an integer `code`, `/tokenize`, `/detokenize`, `/metrics`.
+//!
+//! Invariants: every configured model name is a served alias of one engine (as
+//! `--served-model-name a b` does): requests may use any alias or omit `model`; responses and
+//! the metrics label use the first name. Bodies and SSE framing match the captures of a real
+//! vLLM 0.32 server byte for byte (except ids, timestamps and the text).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+use super::fault::FaultMode;
+use super::openai_surface::{
+    embeddings_body, js, respond, ChatRequest, CompletionRequest, Ctx, EmbeddingRequest,
+    RespondOpts, Surface,
+};
+use super::server::{empty, json, read_body, Sim, SimBody};
+use super::text::{self, Plan};
+
+const JSON: &str = "application/json";
+const SSE: &str = "text/event-stream; charset=utf-8";
+/// The version `/version` reports.
+pub(crate) const VERSION: &str = "0.32.0";
+
+/// Answer one request in vLLM's manner.
+pub(crate) async fn route(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
+    let mut resp = dispatch(sim, req).await;
+    let h = resp.headers_mut();
+    h.insert(header::SERVER, HeaderValue::from_static("uvicorn"));
+    h.insert(header::VARY, HeaderValue::from_static("Origin"));
+    resp
+}
+
+async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    match (path.as_str(), &method) {
+        ("/health", &Method::GET) | ("/ping", &Method::GET) | ("/ping", &Method::POST) => {
+            health(sim)
+        }
+        ("/version", &Method::GET) => json(
+            StatusCode::OK,
+            JSON,
+            format!("{{\"version\":\"{VERSION}\"}}"),
+        ),
+        ("/v1/models", &Method::GET) => models(sim),
+        ("/metrics", &Method::GET) => {
+            let m = &sim.models[0];
+            let body = super::metrics::render_vllm(
+                &m.name,
+                &m.stats,
+                sim.config.timing.kv_capacity_tokens,
+                sim.config.timing.block_size,
+            );
+            json(
+                StatusCode::OK,
+                "text/plain; version=1.0.0; charset=utf-8",
+                body,
+            )
+        }
+        ("/v1/chat/completions", &Method::POST) => chat(sim, req).await,
+        ("/v1/completions", &Method::POST) => completions(sim, req).await,
+        ("/v1/embeddings", &Method::POST) => embeddings(sim, req).await,
+        ("/tokenize", &Method::POST) => tokenize(sim, req).await,
+        ("/detokenize", &Method::POST) => detokenize(sim, req).await,
+        (
+            "/health"
+            | "/ping"
+            | "/version"
+            | "/v1/models"
+            | "/metrics"
+            | "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/embeddings"
+            | "/tokenize"
+            | "/detokenize",
+            _,
+        ) => json(
+            StatusCode::METHOD_NOT_ALLOWED,
+            JSON,
+            "{\"detail\":\"Method Not Allowed\"}",
+        ),
+        _ => json(StatusCode::NOT_FOUND, JSON, "{\"detail\":\"Not Found\"}"),
+    }
+}
+
+fn health(sim: &Sim) -> Response<SimBody> {
+    match sim.fault.mode() {
+        FaultMode::HealthFail | FaultMode::Loading => empty(StatusCode::SERVICE_UNAVAILABLE),
+        _ => empty(StatusCode::OK),
+    }
+}
+
+fn models(sim: &Sim) -> Response<SimBody> {
+    let created = super::unix_now();
+    let root = js(&format!("/models/{}", sim.config.models[0]));
+    let data: Vec<String> = sim
+        .config
+        .models
+        .iter()
+        .map(|m| {
+            let perm: u64 = rand::random();
+            format!(
+                "{{\"id\":{},\"object\":\"model\",\"created\":{created},\"owned_by\":\"vllm\",\"root\":{root},\"parent\":null,\"max_model_len\":{},\"permission\":[{{\"id\":\"modelperm-{perm:016x}\",\"object\":\"model_permission\",\"created\":{created},\"allow_create_engine\":false,\"allow_sampling\":true,\"allow_logprobs\":true,\"allow_search_indices\":false,\"allow_view\":true,\"allow_fine_tuning\":false,\"organization\":\"*\",\"group\":null,\"is_blocking\":false}}]}}",
+                js(m),
+                sim.config.max_model_len
+            )
+        })
+        .collect();
+    json(
+        StatusCode::OK,
+        JSON,
+        format!("{{\"object\":\"list\",\"data\":[{}]}}", data.join(",")),
+    )
+}
+
+/// vLLM's error body.
+pub(crate) fn error(
+    status: StatusCode,
+    message: &str,
+    ty: &str,
+    param: Option<&str>,
+) -> Response<SimBody> {
+    let param = param.map(js).unwrap_or_else(|| "null".into());
+    json(
+        status,
+        JSON,
+        format!(
+            "{{\"error\":{{\"message\":{},\"type\":{},\"param\":{param},\"code\":{}}}}}",
+            js(message),
+            js(ty),
+            status.as_u16()
+        ),
+    )
+}
+
+/// Python's `json` error text for a serde_json error.
+fn python_json_error(e: &serde_json::Error) -> &'static str {
+    let m = e.to_string();
+    if m.contains("key must be a string") {
+        "Expecting property name enclosed in double quotes"
+    } else if m.contains("expected `:`") {
+        "Expecting ':' delimiter"
+    } else if m.contains("expected `,` or") {
+        "Expecting ',' delimiter"
+    } else if m.contains("trailing") {
+        "Extra data"
+    } else if m.contains("control character") || m.contains("EOF while parsing a string") {
+        "Unterminated string starting at"
+    } else {
+        "Expecting value"
+    }
+}
+
+fn byte_offset(body: &[u8], line: usize, column: usize) -> usize {
+    let mut off = 0usize;
+    let mut l = 1usize;
+    for (i, b) in body.iter().enumerate() {
+        if l == line {
+            off = i;
+            break;
+        }
+        if *b == b'\n' {
+            l += 1;
+            off = i + 1;
+        }
+    }
+    (off + column.saturating_sub(1)).min(body.len())
+}
+
+fn count_keys(body: &[u8]) -> usize {
+    serde_json::from_slice::<BTreeMap<String, IgnoredAny>>(body)
+        .map(|m| m.len())
+        .unwrap_or(0)
+}
+
+/// Parse a JSON body as `T`, answering like FastAPI/pydantic behind vLLM on failure.
+fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, Response<SimBody>> {
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "1 validation error:\n  {'type': 'missing', 'loc': 'body', 'msg': 'Field required', 'input': None}",
+            "Bad Request",
+            Some("body"),
+        ));
+    }
+    serde_json::from_slice::<T>(body).map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Syntax | Category::Eof | Category::Io => {
+                let pos = byte_offset(body, e.line(), e.column());
+                let pos = if e.classify() == Category::Eof { body.len() } else { pos };
+                error(
+                    StatusCode::BAD_REQUEST,
+                    &format!(
+                        "1 validation error:\n  {{'type': 'json_invalid', 'loc': 'body.{pos}', 'msg': 'JSON decode error', 'input': '<dict of 0 items>', 'ctx': {{'error': '{}'}}}}",
+                        python_json_error(&e)
+                    ),
+                    "Bad Request",
+                    Some(&format!("body.{pos}")),
+                )
+            }
+            Category::Data => {
+                let msg = e.to_string();
+                let msg = msg.split(" at line ").next().unwrap_or(&msg).replace('\'', "\"");
+                error(
+                    StatusCode::BAD_REQUEST,
+                    &format!(
+                        "1 validation error:\n  {{'type': 'value_error', 'loc': 'body', 'msg': '{msg}', 'input': '<dict of {} items>'}}",
+                        count_keys(body)
+                    ),
+                    "Bad Request",
+                    Some("body"),
+                )
+            }
+        }
+    })
+}
+
+fn missing(body: &[u8], field: &str) -> Response<SimBody> {
+    error(
+        StatusCode::BAD_REQUEST,
+        &format!(
+            "1 validation error:\n  {{'type': 'missing', 'loc': 'body.{field}', 'msg': 'Field required', 'input': '<dict of {} items>'}}",
+            count_keys(body)
+        ),
+        "Bad Request",
+        Some(&format!("body.{field}")),
+    )
+}
+
+fn check_model(sim: &Sim, model: Option<&str>) -> Option<Response<SimBody>> {
+    match model {
+        None | Some("") => None,
+        Some(m) if sim.config.models.iter().any(|x| x == m) => None,
+        Some(m) => Some(error(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "The model `{m}` does not exist. Valid aliases: {}.",
+                sim.config.models.join(", ")
+            ),
+            "NotFoundError",
+            Some("model"),
+        )),
+    }
+}
+
+/// The engine-side faults of inference routes.
+fn inference_fault(sim: &Sim) -> Option<Response<SimBody>> {
+    match sim.fault.mode() {
+        FaultMode::Overloaded => Some(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The server is overloaded: the waiting queue is full (max_num_queued_reqs). Please try again later.",
+            "ServiceUnavailableError",
+            None,
+        )),
+        FaultMode::Loading => Some(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The model is still loading. Please try again later.",
+            "ServiceUnavailableError",
+            None,
+        )),
+        FaultMode::ErrorRate if sim.fault.roll_error() => Some(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+            "InternalServerError",
+            None,
+        )),
+        _ => None,
+    }
+}
+
+/// Validate `max_tokens` against the context; returns the effective cap.
+fn max_tokens(
+    sim: &Sim,
+    requested: Option<i64>,
+    prompt_tokens: u32,
+) -> Result<u32, Response<SimBody>> {
+    let len = i64::from(sim.config.max_model_len);
+    let p = i64::from(prompt_tokens);
+    if p >= len {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "This model's maximum context length is {len} tokens. However, your request has {p} input tokens. Please reduce the length of the input messages."
+            ),
+            "BadRequestError",
+            None,
+        ));
+    }
+    match requested {
+        None => Ok((len - p) as u32),
+        Some(m) if m < 1 => Err(error(
+            StatusCode::BAD_REQUEST,
+            &format!("max_tokens must be at least 1, got {m}. (parameter=max_tokens, value={m})"),
+            "BadRequestError",
+            Some("max_tokens"),
+        )),
+        Some(m) if m > len => Err(error(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "max_tokens={m} cannot be greater than max_model_len={len}. Please request fewer output tokens. (parameter=max_tokens, value={m})"
+            ),
+            "BadRequestError",
+            Some("max_tokens"),
+        )),
+        Some(m) if m + p > len => Err(error(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context length is {len} tokens and your request has {p} input tokens ({m} > {len} - {p}). (parameter=max_tokens, value={m})"
+            ),
+            "BadRequestError",
+            Some("max_tokens"),
+        )),
+        Some(m) => Ok(m as u32),
+    }
+}
+
+fn stream_flags(
+    stream: Option<bool>,
+    opts: &Option<super::openai_surface::StreamOptions>,
+) -> Result<(bool, bool), Response<SimBody>> {
+    let stream = stream.unwrap_or(false);
+    if opts.is_some() && !stream {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "Stream options can only be defined when `stream=True`.",
+            "BadRequestError",
+            None,
+        ));
+    }
+    // vLLM: StreamOptions.include_usage defaults to True when stream_options is present
+    let usage = opts
+        .as_ref()
+        .map(|o| o.include_usage.unwrap_or(true))
+        .unwrap_or(false);
+    Ok((stream, usage))
+}
+
+fn seed(sim: &Sim, s: Option<i64>) -> u64 {
+    s.map(|v| v as u64).unwrap_or(sim.config.seed)
+}
+
+async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
+    let Ok(body) = read_body(req).await else {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Request body too large",
+            "Bad Request",
+            None,
+        );
+    };
+    let r: ChatRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    if let Some(resp) = check_model(sim, r.model.as_deref()) {
+        return resp;
+    }
+    if r.messages.is_none() {
+        return missing(&body, "messages");
+    }
+    let (stream, usage) = match stream_flags(r.stream, &r.stream_options) {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let prompt = r.prompt();
+    let prompt_tokens = text::count_tokens(&prompt) as u32;
+    let cap = match max_tokens(sim, r.max_completion_tokens.or(r.max_tokens), prompt_tokens) {
+        Ok(c) => c,
+        Err(resp) => return resp,
+    };
+    if let Some(resp) = inference_fault(sim) {
+        return resp;
+    }
+    let model = &sim.config.models[0];
+    let t = &sim.config.timing;
+    let plan = Plan::new(
+        seed(sim, r.seed),
+        model,
+        &prompt,
+        Some(cap),
+        t.min_output_tokens,
+        t.max_output_tokens,
+    );
+    let ctx = Ctx::new(Surface::Vllm, true, model);
+    let opts = RespondOpts {
+        chat: true,
+        stream,
+        include_usage: usage,
+        model_idx: 0,
+        queue_limit: None,
+        json_ct: JSON,
+        sse_ct: SSE,
+    };
+    respond(sim, ctx, plan, opts)
+        .await
+        .unwrap_or_else(|_| inference_fault_busy())
+}
+
+fn inference_fault_busy() -> Response<SimBody> {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The server is overloaded. Please try again later.",
+        "ServiceUnavailableError",
+        None,
+    )
+}
+
+async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
+    let Ok(body) = read_body(req).await else {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Request body too large",
+            "Bad Request",
+            None,
+        );
+    };
+    let r: CompletionRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    if let Some(resp) = check_model(sim, r.model.as_deref()) {
+        return resp;
+    }
+    let Some(p) = &r.prompt else {
+        return missing(&body, "prompt");
+    };
+    let (stream, usage) = match stream_flags(r.stream, &r.stream_options) {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let prompt = p.text();
+    let prompt_tokens = text::count_tokens(&prompt) as u32;
+    // vLLM's completions default is 16 tokens
+    let cap = match max_tokens(
+        sim,
+        r.max_tokens.or(r.max_completion_tokens).or(Some(16)),
+        prompt_tokens,
+    ) {
+        Ok(c) => c,
+        Err(resp) => return resp,
+    };
+    if let Some(resp) = inference_fault(sim) {
+        return resp;
+    }
+    let model = &sim.config.models[0];
+    let t = &sim.config.timing;
+    let plan = Plan::new(
+        seed(sim, r.seed),
+        model,
+        &prompt,
+        Some(cap),
+        t.min_output_tokens,
+        t.max_output_tokens,
+    );
+    let ctx = Ctx::new(Surface::Vllm, false, model);
+    let opts = RespondOpts {
+        chat: false,
+        stream,
+        include_usage: usage,
+        model_idx: 0,
+        queue_limit: None,
+        json_ct: JSON,
+        sse_ct: SSE,
+    };
+    respond(sim, ctx, plan, opts)
+        .await
+        .unwrap_or_else(|_| inference_fault_busy())
+}
+
+async fn embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
+    let Ok(body) = read_body(req).await else {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Request body too large",
+            "Bad Request",
+            None,
+        );
+    };
+    let r: EmbeddingRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    if let Some(resp) = check_model(sim, r.model.as_deref()) {
+        return resp;
+    }
+    let Some(input) = &r.input else {
+        return missing(&body, "input");
+    };
+    if let Some(resp) = inference_fault(sim) {
+        return resp;
+    }
+    let texts = input.texts();
+    let dim = r
+        .dimensions
+        .unwrap_or(sim.config.embedding_dim)
+        .clamp(1, 65_536);
+    let vectors: Vec<Vec<f32>> = texts
+        .iter()
+        .map(|t| text::embedding(sim.config.seed, t, dim))
+        .collect();
+    let tokens: usize = texts.iter().map(|t| text::count_tokens(t)).sum();
+    json(
+        StatusCode::OK,
+        JSON,
+        embeddings_body(
+            Surface::Vllm,
+            &js(&sim.config.models[0]),
+            &vectors,
+            tokens as u32,
+        ),
+    )
+}
+
+#[derive(Deserialize)]
+struct TokenizeRequest {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    messages: Option<Vec<super::openai_surface::Message>>,
+    #[serde(default)]
+    return_token_strs: Option<bool>,
+}
+
+async fn tokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
+    let Ok(body) = read_body(req).await else {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Request body too large",
+            "Bad Request",
+            None,
+        );
+    };
+    let r: TokenizeRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    if let Some(resp) = check_model(sim, r.model.as_deref()) {
+        return resp;
+    }
+    let text = match (&r.prompt, &r.messages) {
+        (Some(p), _) => p.clone(),
+        (None, Some(m)) => text::render_chat(
+            m.iter()
+                .map(|m| (m.role.as_deref().unwrap_or("user"), m.text())),
+        ),
+        (None, None) => return missing(&body, "prompt"),
+    };
+    let pieces = text::token_strs(&text);
+    let ids: Vec<String> = pieces.iter().map(|p| p.0.to_string()).collect();
+    let strs = if r.return_token_strs.unwrap_or(false) {
+        let v: Vec<&str> = pieces.iter().map(|p| p.1.as_str()).collect();
+        serde_json::to_string(&v).unwrap_or_else(|_| "[]".into())
+    } else {
+        "null".into()
+    };
+    json(
+        StatusCode::OK,
+        JSON,
+        format!(
+            "{{\"count\":{},\"max_model_len\":{},\"tokens\":[{}],\"token_strs\":{strs}}}",
+            pieces.len(),
+            sim.config.max_model_len,
+            ids.join(",")
+        ),
+    )
+}
+
+#[derive(Deserialize)]
+struct DetokenizeRequest {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    tokens: Option<Vec<i64>>,
+}
+
+async fn detokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
+    let Ok(body) = read_body(req).await else {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Request body too large",
+            "Bad Request",
+            None,
+        );
+    };
+    let r: DetokenizeRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    if let Some(resp) = check_model(sim, r.model.as_deref()) {
+        return resp;
+    }
+    let Some(tokens) = &r.tokens else {
+        return missing(&body, "tokens");
+    };
+    json(
+        StatusCode::OK,
+        JSON,
+        format!("{{\"prompt\":{}}}", js(&text::detokenize(tokens))),
+    )
+}
