@@ -13,6 +13,7 @@ use crate::auth::KeyStore;
 use crate::config::Config;
 use crate::fleet::health::HealthMonitor;
 use crate::fleet::Fleet;
+use crate::limits::Limits;
 use crate::routing::Router;
 
 /// One consistent view of the configuration.
@@ -26,6 +27,8 @@ pub struct Runtime {
 pub struct Gateway {
     runtime: ArcSwap<Runtime>,
     pub router: Router,
+    /// Tenant limits; outlive reloads.
+    pub limits: Limits,
     health: Mutex<HealthMonitor>,
     ready: AtomicBool,
 }
@@ -34,6 +37,7 @@ impl Gateway {
     /// Build the gateway and start probing its backends. Must run inside a tokio runtime.
     pub fn new(config: Config) -> Arc<Gateway> {
         let fleet = Fleet::build(&config, None);
+        let limits = Limits::new(&config);
         let runtime = Runtime {
             keys: Arc::new(KeyStore::new(&config)),
             fleet: Arc::new(fleet),
@@ -50,6 +54,7 @@ impl Gateway {
         Arc::new(Gateway {
             runtime: ArcSwap::from_pointee(runtime),
             router: Router::new(),
+            limits,
             health: Mutex::new(monitor),
             ready: AtomicBool::new(true),
         })
@@ -64,6 +69,7 @@ impl Gateway {
     pub fn reload(&self, config: Config) {
         let old = self.runtime();
         let fleet = Fleet::build(&config, Some(&old.fleet));
+        self.limits.reconfigure(&config);
         let next = Runtime {
             keys: Arc::new(KeyStore::new(&config)),
             fleet: Arc::new(fleet),

@@ -6,6 +6,7 @@
 //! - [`server`]: accept loop, HTTP/1.1 + HTTP/2, the HTTP surface, TLS, graceful drain.
 //! - [`openai`]: the request fields routing reads, OpenAI-shaped errors, byte-level JSON edits.
 //! - [`auth`]: API keys (stored as SHA-256 hashes) and the tenants they belong to.
+//! - [`limits`]: per-key and per-tenant limits: admission, reservation, reconciliation.
 //! - [`fleet`]: backends, their live state and load counters, health probes, model discovery.
 //! - [`routing`]: policies that pick a backend: round-robin, least-request, token-aware,
 //!   prefix-affinity.
@@ -25,6 +26,7 @@ pub mod config;
 pub mod demo;
 pub mod fleet;
 pub mod gateway;
+pub mod limits;
 pub mod openai;
 pub mod proxy;
 pub mod routing;

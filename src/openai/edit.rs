@@ -120,9 +120,17 @@ mod tests {
 
     #[test]
     fn include_usage_inserted_or_merged() {
-        let body = Bytes::from_static(br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}"#);
+        let body = Bytes::from_static(
+            br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}"#,
+        );
         let f = parse(Endpoint::Chat, &body).unwrap();
-        let out = apply(&body, vec![force_include_usage(&body, &f).unwrap(), rename_model(&f, "z")]);
+        let out = apply(
+            &body,
+            vec![
+                force_include_usage(&body, &f).unwrap(),
+                rename_model(&f, "z"),
+            ],
+        );
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(v["model"], "z");

@@ -25,6 +25,8 @@ pub struct ApiError {
     pub code: Option<String>,
     /// Sent as `Retry-After` (whole seconds, rounded up) and `retry-after-ms`.
     pub retry_after: Option<Duration>,
+    /// More headers for the answer (e.g. `x-ratelimit-*`).
+    pub headers: http::HeaderMap,
 }
 
 #[derive(Serialize)]
@@ -54,6 +56,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            headers: http::HeaderMap::new(),
         }
     }
 
@@ -189,6 +192,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, self.body_json()).into_response();
         let headers = response.headers_mut();
+        headers.extend(self.headers);
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -238,7 +242,10 @@ pub fn normalize_backend_error(status: StatusCode, body: &[u8]) -> Option<Bytes>
     match map.get("error") {
         // OpenAI / current vLLM: {"error": {...}}
         Some(Value::Object(inner)) => {
-            let code_ok = matches!(inner.get("code"), None | Some(Value::Null | Value::String(_)));
+            let code_ok = matches!(
+                inner.get("code"),
+                None | Some(Value::Null | Value::String(_))
+            );
             let type_ok = matches!(inner.get("type"), Some(Value::String(_)));
             if code_ok && type_ok && inner.contains_key("message") {
                 return None;
@@ -257,7 +264,8 @@ pub fn normalize_backend_error(status: StatusCode, body: &[u8]) -> Option<Bytes>
         }
         _ => {
             // vLLM before 0.10.1: {"object":"error","message":…,"type":…,"param":…,"code":400}
-            let message = string_field(map, "message").unwrap_or_else(|| truncate(&value.to_string(), 2000));
+            let message =
+                string_field(map, "message").unwrap_or_else(|| truncate(&value.to_string(), 2000));
             let kind = string_field(map, "type").unwrap_or_else(|| fallback_type.to_string());
             let param = string_field(map, "param");
             let code = code_field(map.get("code"));
@@ -322,7 +330,8 @@ mod tests {
 
     #[test]
     fn openai_shape_is_kept_as_is() {
-        let body = br#"{"error":{"message":"m","type":"invalid_request_error","param":null,"code":null}}"#;
+        let body =
+            br#"{"error":{"message":"m","type":"invalid_request_error","param":null,"code":null}}"#;
         assert!(normalize_backend_error(StatusCode::BAD_REQUEST, body).is_none());
     }
 
@@ -357,7 +366,8 @@ mod tests {
         let out = parse(&normalize_backend_error(StatusCode::UNAUTHORIZED, b"").unwrap());
         assert_eq!(out["error"]["message"], "Unauthorized");
         assert_eq!(out["error"]["type"], "authentication_error");
-        let out = parse(&normalize_backend_error(StatusCode::BAD_GATEWAY, b"upstream died").unwrap());
+        let out =
+            parse(&normalize_backend_error(StatusCode::BAD_GATEWAY, b"upstream died").unwrap());
         assert_eq!(out["error"]["message"], "upstream died");
     }
 

@@ -135,7 +135,9 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
     let trimmed_start = body
         .iter()
         .position(|b| !b.is_ascii_whitespace())
-        .ok_or_else(|| ApiError::bad_request("The request body is empty; expected a JSON object."))?;
+        .ok_or_else(|| {
+            ApiError::bad_request("The request body is empty; expected a JSON object.")
+        })?;
     if body[trimmed_start] != b'{' {
         return Err(ApiError::bad_request(
             "The request body must be a JSON object.",
@@ -206,7 +208,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
         Some(0) => return Err(ApiError::bad_request("`n` must be at least 1.").with_param("n")),
         Some(n) if n > MAX_N => {
             return Err(
-                ApiError::bad_request(format!("`n` must be at most {MAX_N}.")).with_param("n")
+                ApiError::bad_request(format!("`n` must be at most {MAX_N}.")).with_param("n"),
             )
         }
         Some(n) => n,
@@ -227,9 +229,9 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
             (est, Some(prefix_of(raw.get().as_bytes())))
         }
         Endpoint::Embeddings => {
-            let raw = wire.input.ok_or_else(|| {
-                ApiError::bad_request("`input` is required.").with_param("input")
-            })?;
+            let raw = wire
+                .input
+                .ok_or_else(|| ApiError::bad_request("`input` is required.").with_param("input"))?;
             (estimate_raw(raw), None)
         }
     };
@@ -320,7 +322,11 @@ fn estimate_messages(raw: &RawValue) -> Result<(u64, Option<u64>), ApiError> {
             if let Some(c) = m.content {
                 let bytes = c.get().as_bytes();
                 // A single message: its first KiB stands for the shared part (system-like text).
-                let take = if last == 0 { bytes.len().min(1024) } else { bytes.len() };
+                let take = if last == 0 {
+                    bytes.len().min(1024)
+                } else {
+                    bytes.len()
+                };
                 prefix.write(&bytes[..take]);
             }
         }
@@ -391,7 +397,10 @@ mod tests {
         let body = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}"#;
         let f = chat(body).unwrap();
         assert_eq!(f.include_usage, Some(true));
-        assert_eq!(&body[f.stream_options_span.unwrap()], r#"{"include_usage":true}"#);
+        assert_eq!(
+            &body[f.stream_options_span.unwrap()],
+            r#"{"include_usage":true}"#
+        );
     }
 
     #[test]
@@ -403,17 +412,41 @@ mod tests {
             (r#"{"messages":[]}"#, "model parameter"),
             (r#"{"model":5,"messages":[]}"#, "must be a string"),
             (r#"{"model":"","messages":[]}"#, "must not be empty"),
-            (r#"{"model":"m","stream":"yes","messages":[{"role":"user","content":"x"}]}"#, "boolean"),
-            (r#"{"model":"m","max_tokens":-1,"messages":[{"role":"user","content":"x"}]}"#, "non-negative"),
-            (r#"{"model":"m","max_tokens":1.5,"messages":[{"role":"user","content":"x"}]}"#, "non-negative"),
-            (r#"{"model":"m","max_tokens":1e30,"messages":[{"role":"user","content":"x"}]}"#, "non-negative"),
-            (r#"{"model":"m","max_tokens":99999999999,"messages":[{"role":"user","content":"x"}]}"#, "beyond"),
-            (r#"{"model":"m","n":0,"messages":[{"role":"user","content":"x"}]}"#, "at least 1"),
+            (
+                r#"{"model":"m","stream":"yes","messages":[{"role":"user","content":"x"}]}"#,
+                "boolean",
+            ),
+            (
+                r#"{"model":"m","max_tokens":-1,"messages":[{"role":"user","content":"x"}]}"#,
+                "non-negative",
+            ),
+            (
+                r#"{"model":"m","max_tokens":1.5,"messages":[{"role":"user","content":"x"}]}"#,
+                "non-negative",
+            ),
+            (
+                r#"{"model":"m","max_tokens":1e30,"messages":[{"role":"user","content":"x"}]}"#,
+                "non-negative",
+            ),
+            (
+                r#"{"model":"m","max_tokens":99999999999,"messages":[{"role":"user","content":"x"}]}"#,
+                "beyond",
+            ),
+            (
+                r#"{"model":"m","n":0,"messages":[{"role":"user","content":"x"}]}"#,
+                "at least 1",
+            ),
             (r#"{"model":"m"}"#, "messages"),
             (r#"{"model":"m","messages":"hi"}"#, "array"),
             (r#"{"model":"m","messages":[]}"#, "at least one"),
-            (r#"{"model":"m","messages":[{"role":"wizard","content":"x"}]}"#, "role"),
-            (r#"{"model":"a","model":"b","messages":[{"role":"user","content":"x"}]}"#, "duplicate"),
+            (
+                r#"{"model":"m","messages":[{"role":"wizard","content":"x"}]}"#,
+                "role",
+            ),
+            (
+                r#"{"model":"a","model":"b","messages":[{"role":"user","content":"x"}]}"#,
+                "duplicate",
+            ),
         ];
         for (body, needle) in cases {
             let err = chat(body).unwrap_err();
@@ -454,7 +487,11 @@ mod tests {
 
     #[test]
     fn completions_and_embeddings() {
-        let f = parse(Endpoint::Completions, br#"{"model":"m","prompt":"abcdabcd"}"#).unwrap();
+        let f = parse(
+            Endpoint::Completions,
+            br#"{"model":"m","prompt":"abcdabcd"}"#,
+        )
+        .unwrap();
         assert_eq!(f.prompt_tokens_estimate, 3);
         let f = parse(Endpoint::Embeddings, br#"{"model":"m","input":["a","b"]}"#).unwrap();
         assert_eq!(f.expected_output(100), 0);

@@ -98,7 +98,11 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
             return Some(Duration::from_secs_f64((ms / 1000.0).min(300.0)));
         }
     }
-    let v = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let v = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
     if let Ok(secs) = v.parse::<f64>() {
         if secs.is_finite() && secs >= 0.0 {
             return Some(Duration::from_secs_f64(secs.min(300.0)));
@@ -128,7 +132,10 @@ mod tests {
         assert_eq!(retry_after(&h), Some(Duration::from_millis(250)));
         let mut h = HeaderMap::new();
         let later = std::time::SystemTime::now() + Duration::from_secs(30);
-        h.insert("retry-after", httpdate::fmt_http_date(later).parse().unwrap());
+        h.insert(
+            "retry-after",
+            httpdate::fmt_http_date(later).parse().unwrap(),
+        );
         let d = retry_after(&h).unwrap();
         assert!(d > Duration::from_secs(25) && d <= Duration::from_secs(30));
     }

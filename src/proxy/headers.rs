@@ -8,7 +8,13 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// Client headers forwarded to backends as they are.
-const FORWARDED: &[&str] = &["accept", "user-agent", "traceparent", "tracestate", "baggage"];
+const FORWARDED: &[&str] = &[
+    "accept",
+    "user-agent",
+    "traceparent",
+    "tracestate",
+    "baggage",
+];
 
 /// Response headers never copied from a backend.
 const DROPPED_FROM_BACKEND: &[HeaderName] = &[
@@ -27,7 +33,10 @@ const DROPPED_FROM_BACKEND: &[HeaderName] = &[
 /// Headers for the upstream request.
 pub fn upstream_headers(client: &HeaderMap, request_id: &str, api_key: Option<&str>) -> HeaderMap {
     let mut h = HeaderMap::with_capacity(8);
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     for name in FORWARDED {
         if let Some(v) = client.get(*name) {
             h.insert(HeaderName::from_static(name), v.clone());
@@ -75,7 +84,10 @@ mod tests {
     #[test]
     fn client_authorization_never_forwarded() {
         let mut c = HeaderMap::new();
-        c.insert(header::AUTHORIZATION, "Bearer client-secret".parse().unwrap());
+        c.insert(
+            header::AUTHORIZATION,
+            "Bearer client-secret".parse().unwrap(),
+        );
         c.insert(header::COOKIE, "a=b".parse().unwrap());
         c.insert("traceparent", "00-abc-def-01".parse().unwrap());
         let h = upstream_headers(&c, "req-1", None);

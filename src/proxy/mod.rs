@@ -99,10 +99,14 @@ async fn read_body(req: Request<Body>, limit: usize) -> Result<(HeaderMap, Bytes
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok((parts.headers, collected.to_bytes())),
         Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
                 Err(ApiError::payload_too_large(limit))
             } else {
-                Err(ApiError::bad_request(format!("Could not read the request body: {e}")))
+                Err(ApiError::bad_request(format!(
+                    "Could not read the request body: {e}"
+                )))
             }
         }
     }
@@ -114,7 +118,9 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     };
     let ct = ct.to_str().unwrap_or("");
     let essence = ct.split(';').next().unwrap_or("").trim();
-    if essence.eq_ignore_ascii_case("application/json") || essence.to_ascii_lowercase().ends_with("+json") {
+    if essence.eq_ignore_ascii_case("application/json")
+        || essence.to_ascii_lowercase().ends_with("+json")
+    {
         Ok(())
     } else {
         Err(ApiError::unsupported_media_type(ct))
@@ -140,7 +146,10 @@ async fn proxy(
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "invalid_request_error",
-            format!("This API key is not allowed to use the model `{}`.", fields.model),
+            format!(
+                "This API key is not allowed to use the model `{}`.",
+                fields.model
+            ),
         )
         .with_param("model")
         .with_code("model_not_allowed"));
@@ -154,6 +163,12 @@ async fn proxy(
     let policy = resolved.policy.unwrap_or(config.routing.policy);
     let expected_tokens =
         fields.prompt_tokens_estimate + fields.expected_output(config.routing.default_max_tokens);
+    let permit = gw
+        .limits
+        .admit(&identity, &resolved.canonical, expected_tokens)
+        .await?;
+    let limit_headers = permit.headers();
+    let mut permit = Some(permit);
     let input = RouteInput {
         tokens: expected_tokens,
         prefix_hash: fields.prefix_hash,
@@ -167,15 +182,13 @@ async fn proxy(
         if attempt > 0 && Instant::now() >= deadline {
             break;
         }
-        let Some(idx) = gw
-            .router
-            .pick(policy, &resolved.candidates, &tried, input)
-        else {
+        let Some(idx) = gw.router.pick(policy, &resolved.candidates, &tried, input) else {
             break;
         };
         tried.push(idx);
         if attempt > 0 {
-            metrics::counter!(m::FAILOVERS_TOTAL, "model" => resolved.canonical.clone()).increment(1);
+            metrics::counter!(m::FAILOVERS_TOTAL, "model" => resolved.canonical.clone())
+                .increment(1);
         }
         let (backend, backend_model) = &resolved.candidates[idx];
         record.attempts = attempt + 1;
@@ -198,14 +211,26 @@ async fn proxy(
             backend.config.api_key.as_deref(),
         );
         let timeouts = backend.config.timeouts;
-        let head_timeout = if streaming { timeouts.first_byte } else { timeouts.response };
+        let head_timeout = if streaming {
+            timeouts.first_byte
+        } else {
+            timeouts.response
+        };
         let guard = LoadGuard::new(backend.state.clone(), expected_tokens);
         backend
             .state
             .requests_total
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 
-        let resp = match forward::send(backend, endpoint.path(), headers, upstream_body, head_timeout).await {
+        let resp = match forward::send(
+            backend,
+            endpoint.path(),
+            headers,
+            upstream_body,
+            head_timeout,
+        )
+        .await
+        {
             Ok(resp) => resp,
             Err(e) => {
                 let connect = matches!(e, AttemptError::Connect(_));
@@ -217,10 +242,18 @@ async fn proxy(
                 );
                 metrics::counter!(m::BACKEND_REQUESTS_TOTAL, "backend" => backend.name().to_string(), "outcome" => e.label())
                     .increment(1);
-                backend.state.record_live_failure(&config.health, connect, e.label());
+                backend
+                    .state
+                    .record_live_failure(&config.health, connect, e.label());
                 last_failure = Some(match e {
-                    AttemptError::Timeout(d) => ApiError::timeout(&format!("no response within {d:?}")),
-                    other => ApiError::bad_gateway(format!("Backend `{}` failed: {}", backend.name(), other.label())),
+                    AttemptError::Timeout(d) => {
+                        ApiError::timeout(&format!("no response within {d:?}"))
+                    }
+                    other => ApiError::bad_gateway(format!(
+                        "Backend `{}` failed: {}",
+                        backend.name(),
+                        other.label()
+                    )),
                 });
                 continue;
             }
@@ -233,16 +266,22 @@ async fn proxy(
             let after = retry_after(resp.headers());
             match status.as_u16() {
                 429 | 503 => backend.state.skip_for(after.unwrap_or(DEFAULT_BUSY_SKIP)),
-                _ => backend.state.record_live_failure(&config.health, false, status.as_str()),
+                _ => backend
+                    .state
+                    .record_live_failure(&config.health, false, status.as_str()),
             }
             let (parts, body) = resp.into_parts();
-            let err_body = read_capped(body, MAX_ERROR_BODY, timeouts.idle).await.unwrap_or_default();
+            let err_body = read_capped(body, MAX_ERROR_BODY, timeouts.idle)
+                .await
+                .unwrap_or_default();
             last_failure = Some(client_error(status, &parts.headers, &err_body));
             tracing::info!(request_id = %record.request_id, backend = backend.name(), status = status.as_u16(), "backend busy or failing; trying another");
             continue;
         }
         if status.is_server_error() {
-            backend.state.record_live_failure(&config.health, false, status.as_str());
+            backend
+                .state
+                .record_live_failure(&config.health, false, status.as_str());
         } else {
             backend.state.record_live_success();
         }
@@ -250,11 +289,14 @@ async fn proxy(
 
         let (parts, upstream) = resp.into_parts();
         if !status.is_success() {
-            let err_body = read_capped(upstream, MAX_ERROR_BODY, timeouts.idle).await.unwrap_or_default();
+            let err_body = read_capped(upstream, MAX_ERROR_BODY, timeouts.idle)
+                .await
+                .unwrap_or_default();
             let mut response = client_error(status, &parts.headers, &err_body).into_response();
             if let Some(after) = retry_after(&parts.headers) {
                 insert_retry_after(response.headers_mut(), after);
             }
+            response.headers_mut().extend(limit_headers.clone());
             record.error = Some(format!("backend_{}", status.as_u16()));
             finish_record(record);
             return Ok(response);
@@ -269,11 +311,16 @@ async fn proxy(
         let edits = Edits {
             rename_model: (backend_model != &fields.model).then(|| fields.model.clone()),
             strip_usage: inject_usage,
-            fill_id: (backend.kind() == BackendKind::Tgi).then(|| id_for(endpoint, &record.request_id)),
+            fill_id: (backend.kind() == BackendKind::Tgi)
+                .then(|| id_for(endpoint, &record.request_id)),
             normalize_finish: backend.kind() == BackendKind::Tgi,
         };
+        out_headers.extend(limit_headers.clone());
         let mut settle = Settle::new(take_record(record));
         settle.guard = Some(guard);
+        if let Some(p) = permit.take() {
+            settle.hooks.push(p.into_hook());
+        }
 
         let is_sse = parts
             .headers
@@ -301,27 +348,31 @@ async fn proxy(
             return Ok(response);
         }
 
-        let whole = match read_capped(upstream, config.server.max_response_bytes, timeouts.idle).await {
-            Ok(b) => b,
-            Err(e) => {
-                backend.state.record_live_failure(&config.health, false, "body");
-                settle.record.status = 502;
-                settle.record.error = Some("backend_body".into());
-                settle.finish();
-                return Ok(ApiError::bad_gateway(format!(
-                    "Backend `{}` failed while sending its answer: {e}",
-                    backend.name()
-                ))
-                .into_response());
-            }
-        };
+        let whole =
+            match read_capped(upstream, config.server.max_response_bytes, timeouts.idle).await {
+                Ok(b) => b,
+                Err(e) => {
+                    backend
+                        .state
+                        .record_live_failure(&config.health, false, "body");
+                    settle.record.status = 502;
+                    settle.record.error = Some("backend_body".into());
+                    settle.finish();
+                    return Ok(ApiError::bad_gateway(format!(
+                        "Backend `{}` failed while sending its answer: {e}",
+                        backend.name()
+                    ))
+                    .into_response());
+                }
+            };
         settle.usage = observe::usage_of(&whole);
         settle.complete = true;
-        let whole = if edits.rename_model.is_some() || edits.fill_id.is_some() || edits.normalize_finish {
-            observe::edit_json(&whole, &edits).unwrap_or(whole)
-        } else {
-            whole
-        };
+        let whole =
+            if edits.rename_model.is_some() || edits.fill_id.is_some() || edits.normalize_finish {
+                observe::edit_json(&whole, &edits).unwrap_or(whole)
+            } else {
+                whole
+            };
         settle.finish();
         let mut response = Response::new(Body::new(Full::new(whole)));
         *response.status_mut() = status;
@@ -329,15 +380,19 @@ async fn proxy(
         return Ok(response);
     }
 
-    Err(match last_failure {
+    let mut err = match last_failure {
         Some(mut e) => {
-            if e.status == StatusCode::TOO_MANY_REQUESTS || e.status == StatusCode::SERVICE_UNAVAILABLE {
+            if e.status == StatusCode::TOO_MANY_REQUESTS
+                || e.status == StatusCode::SERVICE_UNAVAILABLE
+            {
                 e.retry_after = e.retry_after.or(Some(NO_BACKEND_RETRY_AFTER));
             }
             e
         }
         None => ApiError::no_backend(&fields.model, NO_BACKEND_RETRY_AFTER),
-    })
+    };
+    err.headers.extend(limit_headers);
+    Err(err)
 }
 
 /// An id for responses whose backend leaves it empty (TGI).
@@ -388,7 +443,11 @@ fn client_error(status: StatusCode, _headers: &HeaderMap, body: &[u8]) -> ApiErr
 }
 
 /// Read a body up to `limit` bytes, allowing at most `idle` between frames.
-async fn read_capped(body: hyper::body::Incoming, limit: usize, idle: Duration) -> Result<Bytes, String> {
+async fn read_capped(
+    body: hyper::body::Incoming,
+    limit: usize,
+    idle: Duration,
+) -> Result<Bytes, String> {
     let mut body = body;
     let mut buf = bytes::BytesMut::new();
     loop {

@@ -13,8 +13,8 @@
 //!   guard and writing the access line.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -127,7 +127,10 @@ pub struct Edits {
 
 impl Edits {
     pub fn is_passthrough(&self) -> bool {
-        self.rename_model.is_none() && !self.strip_usage && self.fill_id.is_none() && !self.normalize_finish
+        self.rename_model.is_none()
+            && !self.strip_usage
+            && self.fill_id.is_none()
+            && !self.normalize_finish
     }
 }
 
@@ -356,7 +359,8 @@ impl ObservedStream {
                 batch.extend_from_slice(b"data: [DONE]\n\n");
                 continue;
             }
-            let edited = edit_json(&payload, &self.edits).unwrap_or_else(|| Bytes::copy_from_slice(&payload));
+            let edited = edit_json(&payload, &self.edits)
+                .unwrap_or_else(|| Bytes::copy_from_slice(&payload));
             batch.extend_from_slice(b"data: ");
             batch.extend_from_slice(&edited);
             batch.extend_from_slice(b"\n\n");
@@ -396,7 +400,9 @@ impl ObservedStream {
         );
         metrics::counter!(m::STREAM_INTERRUPTIONS_TOTAL, "backend" => self.backend.name().to_string())
             .increment(1);
-        self.backend.state.record_live_failure(&self.health, false, why);
+        self.backend
+            .state
+            .record_live_failure(&self.health, false, why);
         let err = ApiError::bad_gateway(format!(
             "The backend stopped in the middle of the answer ({why}). The answer is incomplete."
         ))
@@ -473,9 +479,17 @@ mod tests {
         assert!(s.text && s.usage.is_none());
         let s = inspect(br#"{"choices":[],"usage":{"prompt_tokens":10,"total_tokens":16,"completion_tokens":6}}"#);
         assert!(s.usage_only);
-        assert_eq!(s.usage, Some(Usage { prompt_tokens: 10, completion_tokens: 6 }));
+        assert_eq!(
+            s.usage,
+            Some(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 6
+            })
+        );
         assert!(inspect(b"[DONE]").done);
-        assert!(inspect(br#"{"error":{"message":"Model is overloaded","http_status_code":422}}"#).error);
+        assert!(
+            inspect(br#"{"error":{"message":"Model is overloaded","http_status_code":422}}"#).error
+        );
         assert!(inspect(br#"{"choices":[{"text":" sh","index":0}]}"#).text);
     }
 
@@ -492,7 +506,15 @@ mod tests {
             &edits,
         )
         .unwrap();
-        assert_eq!(&out[..], br#"{"id":"chatcmpl-x","model":"llama3","choices":[{"finish_reason":"stop"}]}"#);
-        assert_eq!(usage_of(br#"{"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#).unwrap().completion_tokens, 2);
+        assert_eq!(
+            &out[..],
+            br#"{"id":"chatcmpl-x","model":"llama3","choices":[{"finish_reason":"stop"}]}"#
+        );
+        assert_eq!(
+            usage_of(br#"{"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#)
+                .unwrap()
+                .completion_tokens,
+            2
+        );
     }
 }

@@ -150,7 +150,13 @@ mod tests {
     #[test]
     fn splits_across_chunk_boundaries() {
         let got = events(&[b"data: {\"a\"", b":1}\n", b"\ndata: [DONE]\n\n"]);
-        assert_eq!(got, vec![b"data: {\"a\":1}\n\n".to_vec(), b"data: [DONE]\n\n".to_vec()]);
+        assert_eq!(
+            got,
+            vec![
+                b"data: {\"a\":1}\n\n".to_vec(),
+                b"data: [DONE]\n\n".to_vec()
+            ]
+        );
         let got = events(&[b"data:x\r\n\r", b"\ndata:y\r\r"]);
         assert_eq!(got.len(), 2);
     }
@@ -160,8 +166,14 @@ mod tests {
         assert_eq!(event_data(b"data:{\"x\":1}\n\n").unwrap(), b"{\"x\":1}");
         assert_eq!(event_data(b"data: {\"x\":1}\n\n").unwrap(), b"{\"x\":1}");
         assert_eq!(event_data(b": keep-alive\n\n"), None);
-        assert_eq!(event_data(b"event: e\ndata: a\ndata: b\n\n").unwrap(), b"a\nb");
-        assert_eq!(&*event_data_borrowed(b"data: [DONE]\n\n").unwrap(), b"[DONE]");
+        assert_eq!(
+            event_data(b"event: e\ndata: a\ndata: b\n\n").unwrap(),
+            b"a\nb"
+        );
+        assert_eq!(
+            &*event_data_borrowed(b"data: [DONE]\n\n").unwrap(),
+            b"[DONE]"
+        );
     }
 
     #[test]
