@@ -281,10 +281,8 @@ impl Scheduler {
     }
 
     fn retry_finishing(&mut self) {
-        self.finishing.retain(|(tx, p)| match tx.try_send(*p) {
-            Err(mpsc::error::TrySendError::Full(_)) => true,
-            _ => false,
-        });
+        self.finishing
+            .retain(|(tx, p)| matches!(tx.try_send(*p), Err(mpsc::error::TrySendError::Full(_))));
     }
 
     fn publish(&self) {

@@ -59,6 +59,7 @@ impl Gen {
             }
             None => None,
         };
+        sim.counters.infer_total.fetch_add(1, Relaxed);
         sim.counters
             .tokens_in
             .fetch_add(u64::from(plan.prompt_tokens()), Relaxed);
@@ -103,10 +104,16 @@ impl Gen {
             s.ttft.observe(0.0);
             s.e2e.observe(0.0);
         }
-        self.sim
-            .counters
-            .tokens_out
+        let c = &self.sim.counters;
+        c.tokens_out
             .fetch_add(u64::from(self.plan.completion_tokens()), Relaxed);
+        c.infer_success.fetch_add(1, Relaxed);
+        c.tgi_duration
+            .observe(now.saturating_duration_since(self.started).as_secs_f64());
+        c.tgi_input_length
+            .observe(f64::from(self.plan.prompt_tokens()));
+        c.tgi_generated_tokens
+            .observe(f64::from(self.plan.completion_tokens()));
     }
 
     /// The next range of newly generated words, or `None` when the answer is complete.
@@ -152,11 +159,6 @@ impl Gen {
                 }
             }
         }
-    }
-
-    /// Whether all words have been handed out.
-    pub(crate) fn is_done(&self) -> bool {
-        self.finished
     }
 
     /// Drive the generation to its end (non-stream answers).

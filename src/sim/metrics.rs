@@ -147,6 +147,9 @@ pub(crate) struct Counters {
     pub tokens_out: AtomicU64,
     pub overloaded: AtomicU64,
     pub validation: AtomicU64,
+    /// Inference requests received / completed (TGI's `tgi_request_count` / `_success`).
+    pub infer_total: AtomicU64,
+    pub infer_success: AtomicU64,
     pub tgi_duration: Histogram,
     pub tgi_input_length: Histogram,
     pub tgi_generated_tokens: Histogram,
@@ -168,6 +171,8 @@ impl Counters {
             tokens_out: AtomicU64::new(0),
             overloaded: AtomicU64::new(0),
             validation: AtomicU64::new(0),
+            infer_total: AtomicU64::new(0),
+            infer_success: AtomicU64::new(0),
             tgi_duration: Histogram::new(TGI_DURATION_BUCKETS),
             tgi_input_length: Histogram::new(TGI_TOKEN_BUCKETS),
             tgi_generated_tokens: Histogram::new(TGI_TOKEN_BUCKETS),
@@ -191,13 +196,6 @@ impl Counters {
                 (v > 0).then_some((i as u16, v))
             })
             .collect()
-    }
-
-    pub(crate) fn status_count(&self, code: u16) -> u64 {
-        self.by_status
-            .get(code as usize)
-            .map(|c| c.load(Relaxed))
-            .unwrap_or(0)
     }
 }
 
@@ -413,13 +411,13 @@ fn tgi_histogram(out: &mut String, name: &str, h: &Histogram) {
 }
 
 /// TGI's `/metrics` text.
-pub(crate) fn render_tgi(s: &ModelStats, c: &Counters, in_flight: u64) -> String {
+pub(crate) fn render_tgi(s: &ModelStats, c: &Counters) -> String {
     let mut out = String::with_capacity(4096);
-    let ok = c.status_count(200);
+    let ok = c.infer_success.load(Relaxed);
     let _ = writeln!(
         out,
         "# TYPE tgi_request_count counter\ntgi_request_count {}\n",
-        in_flight + c.requests_total.load(Relaxed)
+        c.infer_total.load(Relaxed)
     );
     let _ = writeln!(
         out,

@@ -427,16 +427,20 @@ pub(crate) fn embeddings_body(
     vectors: &[Vec<f32>],
     prompt_tokens: u32,
 ) -> String {
-    let mut data = String::new();
-    for (i, v) in vectors.iter().enumerate() {
-        if i > 0 {
-            data.push(',');
-        }
-        let emb = serde_json::to_string(v).unwrap_or_else(|_| "[]".into());
-        data.push_str(&format!(
-            "{{\"index\":{i},\"object\":\"embedding\",\"embedding\":{emb}}}"
-        ));
-    }
+    let data: Vec<String> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let emb = serde_json::to_string(v).unwrap_or_else(|_| "[]".into());
+            match surface {
+                Surface::Vllm => {
+                    format!("{{\"index\":{i},\"object\":\"embedding\",\"embedding\":{emb}}}")
+                }
+                _ => format!("{{\"object\":\"embedding\",\"embedding\":{emb},\"index\":{i}}}"),
+            }
+        })
+        .collect();
+    let data = data.join(",");
     match surface {
         Surface::Vllm => {
             let r: u64 = rand::random();
@@ -446,9 +450,7 @@ pub(crate) fn embeddings_body(
             )
         }
         _ => format!(
-            "{{\"object\":\"list\",\"data\":[{}],\"model\":{model_json},\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"total_tokens\":{prompt_tokens}}}}}",
-            data.replace("{\"index\":", "{\"object\":\"embedding\",\"index\":")
-                .replace(",\"object\":\"embedding\",\"embedding\"", ",\"embedding\"")
+            "{{\"object\":\"list\",\"data\":[{data}],\"model\":{model_json},\"usage\":{{\"prompt_tokens\":{prompt_tokens},\"total_tokens\":{prompt_tokens}}}}}"
         ),
     }
 }
@@ -462,6 +464,8 @@ pub(crate) struct RespondOpts {
     pub queue_limit: Option<usize>,
     pub json_ct: &'static str,
     pub sse_ct: &'static str,
+    /// Held until the answer is complete (e.g. TGI's concurrency permit).
+    pub guard: Option<Box<dyn std::any::Any + Send>>,
 }
 
 /// Generate `plan` and answer in the OpenAI shape of `ctx.surface`, streamed or not.
@@ -485,12 +489,13 @@ pub(crate) async fn respond(
         };
         return Ok(super::server::json(StatusCode::OK, o.json_ct, body));
     }
-    let (chat, include_usage) = (o.chat, o.include_usage);
+    let (chat, include_usage, guard) = (o.chat, o.include_usage, o.guard);
     Ok(super::server::stream_response(
         sim,
         StatusCode::OK,
         o.sse_ct,
         move |mut sink| async move {
+            let _guard = guard;
             if chat {
                 if let Some(first) = ctx.chat_first() {
                     if !sink.send(first).await {

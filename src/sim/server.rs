@@ -10,7 +10,6 @@
 //! - Streams are produced by one task per response writing into a bounded channel; a send error
 //!   (client gone) ends the task, which drops the engine receiver and frees the sequence.
 
-use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
@@ -37,12 +36,10 @@ use super::{ollama, tgi, vllm, SimError};
 /// Largest request body the simulator reads.
 pub(crate) const MAX_BODY: usize = 32 * 1024 * 1024;
 
-/// A response body: a whole buffer (with or without a length) or a channel of chunks.
+/// A response body: a whole buffer (with a length) or a channel of chunks (chunked encoding).
 pub(crate) enum SimBody {
     /// Known length (`content-length`).
     Full(Option<Bytes>),
-    /// Sent with chunked encoding.
-    Chunked(Option<Bytes>),
     /// Chunks as they are produced; an `Err` aborts the connection mid-body.
     Channel(mpsc::Receiver<Result<Bytes, io::Error>>),
 }
@@ -56,15 +53,13 @@ impl Body for SimBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         match self.get_mut() {
-            SimBody::Full(b) | SimBody::Chunked(b) => {
-                Poll::Ready(b.take().map(|b| Ok(Frame::data(b))))
-            }
+            SimBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
             SimBody::Channel(rx) => rx.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self, SimBody::Full(None) | SimBody::Chunked(None))
+        matches!(self, SimBody::Full(None))
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -457,9 +452,4 @@ pub(crate) fn state_json(sim: &Sim) -> Vec<u8> {
 /// An empty-bodied response helper used by health routes.
 pub(crate) fn empty(status: StatusCode) -> Response<SimBody> {
     response(status, "", SimBody::Full(None))
-}
-
-#[allow(dead_code)]
-fn _assert_send() -> Option<Infallible> {
-    None
 }

@@ -6,6 +6,10 @@
 //! the metrics label use the first name. Bodies and SSE framing match the captures of a real
 //! vLLM 0.32 server byte for byte (except ids, timestamps and the text).
 
+// Validation helpers return the engine's ready-made error answer as their `Err`; it is built
+// only on the failure path, so its size does not matter.
+#![allow(clippy::result_large_err)]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -397,6 +401,7 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         queue_limit: None,
         json_ct: JSON,
         sse_ct: SSE,
+        guard: None,
     };
     respond(sim, ctx, plan, opts)
         .await
@@ -468,6 +473,7 @@ async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody
         queue_limit: None,
         json_ct: JSON,
         sse_ct: SSE,
+        guard: None,
     };
     respond(sim, ctx, plan, opts)
         .await
