@@ -496,17 +496,20 @@ pub(crate) async fn respond(
         o.sse_ct,
         move |mut sink| async move {
             let _guard = guard;
-            if chat {
-                if let Some(first) = ctx.chat_first() {
-                    if !sink.send(first).await {
-                        return;
-                    }
-                }
-            }
+            // vLLM sends its role-only chunk with the first token, after prefill
+            let mut first_pending = chat;
             let total = gen.plan.words.len();
             let finish = gen.plan.finish;
             let separate_finish = ctx.surface == Surface::Ollama;
             while let Some(range) = gen.next().await {
+                if first_pending {
+                    first_pending = false;
+                    if let Some(first) = ctx.chat_first() {
+                        if !sink.send(first).await {
+                            return;
+                        }
+                    }
+                }
                 for i in range {
                     let text = gen.plan.text(i, i + 1);
                     let f = (i + 1 == total && !separate_finish).then_some(finish);

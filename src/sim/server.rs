@@ -295,6 +295,15 @@ impl ChunkSink {
     pub(crate) async fn send(&mut self, chunk: impl Into<Bytes>) -> bool {
         let f = self.fault.current();
         if f.mode == FaultMode::DropMidstream && self.sent >= f.after_chunks {
+            // let hyper write out what was sent (it flushes once the channel is empty), then
+            // abort the body: the connection is closed without the terminating chunk
+            for _ in 0..200 {
+                if self.tx.capacity() == self.tx.max_capacity() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
             let _ = self
                 .tx
                 .send(Err(io::Error::new(
