@@ -39,13 +39,26 @@ pub enum DemoError {
 }
 
 /// Start the fleet and the gateway; serve until `shutdown` resolves.
-pub async fn run(args: DemoArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), DemoError> {
+pub async fn run(
+    args: DemoArgs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), DemoError> {
     let speed = args.speed;
     let fleet = [
-        ("gpu-a", SimKind::Vllm, vec!["llama-3.1-8b", "qwen2.5-7b"], 1.0),
+        (
+            "gpu-a",
+            SimKind::Vllm,
+            vec!["llama-3.1-8b", "qwen2.5-7b"],
+            1.0,
+        ),
         ("gpu-b", SimKind::Vllm, vec!["llama-3.1-8b"], 0.5),
         ("tgi-1", SimKind::Tgi, vec!["llama-3.1-8b"], 0.8),
-        ("laptop", SimKind::Ollama, vec!["llama3.1:8b", "qwen2.5:7b"], 0.3),
+        (
+            "laptop",
+            SimKind::Ollama,
+            vec!["llama3.1:8b", "qwen2.5:7b"],
+            0.3,
+        ),
     ];
     let mut handles = Vec::new();
     let mut toml = String::new();
@@ -55,8 +68,13 @@ pub async fn run(args: DemoArgs, shutdown: impl Future<Output = ()> + Send + 'st
     ));
     toml.push_str("[[models]]\nname = \"llama-3.1-8b\"\naliases = [\"llama3\"]\n\n[[models]]\nname = \"qwen2.5-7b\"\naliases = [\"qwen\"]\n\n");
     for (name, kind, models, relative_speed) in fleet {
-        let cfg = SimConfig::new(kind, models.iter().map(|s| s.to_string()).collect())
-            .speed(if speed == 0.0 { 0.0 } else { speed * relative_speed });
+        let cfg = SimConfig::new(kind, models.iter().map(|s| s.to_string()).collect()).speed(
+            if speed == 0.0 {
+                0.0
+            } else {
+                speed * relative_speed
+            },
+        );
         let h = sim::spawn(cfg).await?;
         let (client_models, names) = match kind {
             SimKind::Ollama => (

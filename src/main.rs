@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "An OpenAI-compatible gateway for a fleet of inference servers")]
+#[command(
+    name = "sluice",
+    version,
+    about = "An OpenAI-compatible gateway for a fleet of inference servers"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -55,8 +55,9 @@ pub fn from_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
     let file: file::FileConfig = toml::from_str(text).map_err(|e| {
         ConfigError::Invalid(vec![format!("{origin}: {}", describe_toml_error(text, &e))])
     })?;
-    validate::validate(file, &env::ProcessEnv)
-        .map_err(|errs| ConfigError::Invalid(errs.into_iter().map(|e| format!("{origin}: {e}")).collect()))
+    validate::validate(file, &env::ProcessEnv).map_err(|errs| {
+        ConfigError::Invalid(errs.into_iter().map(|e| format!("{origin}: {e}")).collect())
+    })
 }
 
 fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
@@ -73,7 +74,10 @@ fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map_or(before.len(), |i| before.len() - i - 1) + 1;
+    let col = before
+        .rfind('\n')
+        .map_or(before.len(), |i| before.len() - i - 1)
+        + 1;
     (line, col)
 }
 
@@ -83,7 +87,8 @@ mod tests {
 
     #[test]
     fn unknown_field_reported_with_location() {
-        let err = from_str("[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n", "t.toml").unwrap_err();
+        let err =
+            from_str("[server]\nlisten = \"127.0.0.1:1\"\nlisen = 3\n", "t.toml").unwrap_err();
         let text = err.to_string();
         assert!(text.contains("t.toml: line 3"), "{text}");
         assert!(text.contains("lisen"), "{text}");
