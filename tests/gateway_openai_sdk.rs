@@ -40,7 +40,9 @@ pub fn python_with(modules: &[&str]) -> Option<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_python_sdk_end_to_end() {
-    let Some(python) = python_with(&["openai"]) else { return };
+    let Some(python) = python_with(&["openai"]) else {
+        return;
+    };
     let a = sim(SimKind::Vllm, &["llama-3.1-8b"]).await;
     let b = sim(SimKind::Ollama, &["llama3.1:8b"]).await;
     let cut = sim(SimKind::Vllm, &["cut-model"]).await;
@@ -55,7 +57,8 @@ async fn openai_python_sdk_end_to_end() {
     t.push_str(&backend("cutter", "vllm", &cut.url(), &["cut-model"]));
     let g = TestGateway::start_healthy(&t).await;
 
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/gateway_openai_sdk.py");
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/gateway_openai_sdk.py");
     let base = g.url("/v1");
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python)
@@ -71,7 +74,10 @@ async fn openai_python_sdk_end_to_end() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
-    assert!(out.status.success(), "python SDK checks failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "python SDK checks failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("passed, 0 failed"));
     g.stop().await;
 }
