@@ -77,12 +77,8 @@ fn find_event_end(buf: &[u8], from: usize) -> Option<usize> {
                     return Some(i + 3);
                 }
             }
-            b'\r' => {
-                // "\r\r" or "\r\n\r\n" (the latter is also caught at its '\n')
-                if buf.get(i + 1) == Some(&b'\r') {
-                    return Some(i + 2);
-                }
-            }
+            // "\r\r" ("\r\n\r\n" is caught at its '\n')
+            b'\r' if buf.get(i + 1) == Some(&b'\r') => return Some(i + 2),
             _ => {}
         }
         i += 1;
