@@ -4,6 +4,12 @@
 //! hashed and looked up by its hash, then compared in constant time. With no keys configured the
 //! gateway is open (the localhost sidecar case) and every caller is the `anonymous` tenant.
 //! Accepted as `Authorization: Bearer <key>` (what the OpenAI SDKs send) or `x-api-key: <key>`.
+//!
+//! Timing: a presented key is hashed whole and looked up by its digest, so how long the lookup
+//! takes does not depend on how much of a real key the guess shares; a wrong key and an unknown
+//! one (any length, any prefix) take the same path and get the same answer. The key itself is
+//! never logged: only the key's configured name and tenant travel further ([`Identity`]), and
+//! the limits of [`crate::limits`] and the backend wait queue use those names.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -105,13 +111,32 @@ impl KeyStore {
     }
 }
 
+/// The answer for a model outside the key's allow-list: 403 `model_not_allowed`, or with
+/// `[auth] hide_disallowed_models` the same 404 `model_not_found` as for a model that does not
+/// exist, so a key cannot learn which names exist.
+pub fn model_refused(model: &str, hide: bool) -> ApiError {
+    if hide {
+        return ApiError::model_not_found(model);
+    }
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "invalid_request_error",
+        format!("This API key is not allowed to use the model `{model}`."),
+    )
+    .with_param("model")
+    .with_code("model_not_allowed")
+}
+
 fn unauthorized(message: &str) -> ApiError {
     ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
         .with_code("invalid_api_key")
 }
 
 fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    if let Some(v) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+    if let Some(v) = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
         let v = v.trim();
         let (scheme, rest) = v.split_once(' ')?;
         if scheme.eq_ignore_ascii_case("bearer") && !rest.trim().is_empty() {
@@ -175,9 +200,13 @@ mod tests {
     #[test]
     fn bearer_and_x_api_key() {
         let (s, key) = store("");
-        let id = s.authenticate(&headers(&[("authorization", format!("Bearer {key}"))])).unwrap();
+        let id = s
+            .authenticate(&headers(&[("authorization", format!("Bearer {key}"))]))
+            .unwrap();
         assert_eq!(id.tenant, "alice");
-        assert!(s.authenticate(&headers(&[("x-api-key", key.clone())])).is_ok());
+        assert!(s
+            .authenticate(&headers(&[("x-api-key", key.clone())]))
+            .is_ok());
         for bad in [
             headers(&[]),
             headers(&[("authorization", "Bearer sk-sluice-nope".into())]),
@@ -200,9 +229,33 @@ mod tests {
     }
 
     #[test]
+    fn refused_model_can_be_hidden() {
+        assert_eq!(model_refused("m", false).status, StatusCode::FORBIDDEN);
+        assert_eq!(model_refused("m", true), ApiError::model_not_found("m"));
+    }
+
+    #[test]
+    fn wrong_and_unknown_keys_get_the_same_answer() {
+        let (s, key) = store("");
+        let mut wrong = key.clone();
+        wrong.pop();
+        wrong.push(if key.ends_with('0') { '1' } else { '0' });
+        let a = s
+            .authenticate(&headers(&[("x-api-key", wrong)]))
+            .unwrap_err();
+        let b = s
+            .authenticate(&headers(&[("x-api-key", "whatever".into())]))
+            .unwrap_err();
+        assert_eq!(a, b);
+    }
+
+    #[test]
     fn open_when_no_keys() {
         let s = KeyStore::new(&Config::empty());
         assert!(s.is_open());
-        assert_eq!(s.authenticate(&HeaderMap::new()).unwrap().tenant, "anonymous");
+        assert_eq!(
+            s.authenticate(&HeaderMap::new()).unwrap().tenant,
+            "anonymous"
+        );
     }
 }

@@ -25,6 +25,11 @@ pub struct FileConfig {
     pub keys: Vec<KeySection>,
     #[serde(default)]
     pub limits: LimitsSection,
+    /// Team limits shared by every key of a tenant.
+    #[serde(default)]
+    pub tenants: Vec<TenantSection>,
+    #[serde(default)]
+    pub auth: AuthSection,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -138,9 +143,44 @@ pub struct KeySection {
     /// RFC 3339 time after which the key is refused.
     pub expires_at: Option<String>,
 }
+    /// When Redis is unreachable: `true` (default) enforces the limits per replica from local
+    /// state; `false` refuses requests with 503 until Redis is back.
+    pub fail_open: Option<bool>,
+    /// The period the `*_per_minute` limits are counted over (default "60s"; shorter for tests).
+    pub window: Option<String>,
+    /// Defaults for keys that do not set their own.
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u64>,
+    pub max_concurrent: Option<u32>,
+    pub daily_tokens: Option<u64>,
+    pub monthly_tokens: Option<u64>,
+}
+
+/// `[[tenants]]`: limits for the sum of a tenant's keys (a team total).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSection {
+    pub name: String,
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u64>,
+    pub max_concurrent: Option<u32>,
+    pub daily_tokens: Option<u64>,
+    pub monthly_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    /// Answer a model outside a key's allow-list with 404 `model_not_found` instead of 403, so
+    /// the names of models a key may not use do not leak.
+    pub hide_disallowed_models: Option<bool>,
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsSection {
     pub redis_url: Option<String>,
 }
+    /// Token budget per UTC day.
+    pub daily_tokens: Option<u64>,
+    /// Token budget per UTC calendar month.
+    pub monthly_tokens: Option<u64>,

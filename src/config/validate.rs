@@ -28,6 +28,12 @@ pub struct Config {
     pub models: Vec<ModelConfig>,
     pub keys: Vec<KeyConfig>,
     pub redis_url: Option<String>,
+    /// `[[tenants]]`: team limits.
+    pub tenants: Vec<TenantConfig>,
+    /// `[limits]` beyond the Redis URL.
+    pub limits: LimitsConfig,
+    /// `[auth] hide_disallowed_models`.
+    pub hide_disallowed_models: bool,
     /// The file this came from, for reloads.
     pub source: Option<PathBuf>,
 }
@@ -243,6 +249,61 @@ fn duration(p: &mut Problems, at: &str, v: &Option<String>, default: Duration) -
 fn addr(p: &mut Problems, at: &str, v: &str, env: &dyn Env) -> Option<SocketAddr> {
     let v = match expand(v, env) {
         Ok(v) => v,
+    /// Token budgets per UTC day / calendar month.
+    pub daily_tokens: Option<u64>,
+    pub monthly_tokens: Option<u64>,
+}
+
+/// The limits of one scope (a key or a tenant); `None` = unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitSet {
+    pub requests_per_minute: Option<u32>,
+    pub tokens_per_minute: Option<u64>,
+    pub max_concurrent: Option<u32>,
+    pub daily_tokens: Option<u64>,
+    pub monthly_tokens: Option<u64>,
+}
+
+impl LimitSet {
+    /// Each field that is unset here taken from `defaults`.
+    pub fn or(self, defaults: LimitSet) -> LimitSet {
+        LimitSet {
+            requests_per_minute: self.requests_per_minute.or(defaults.requests_per_minute),
+            tokens_per_minute: self.tokens_per_minute.or(defaults.tokens_per_minute),
+            max_concurrent: self.max_concurrent.or(defaults.max_concurrent),
+            daily_tokens: self.daily_tokens.or(defaults.daily_tokens),
+            monthly_tokens: self.monthly_tokens.or(defaults.monthly_tokens),
+        }
+    }
+}
+
+impl KeyConfig {
+    /// The key's own limits (without `[limits]` defaults).
+    pub fn limit_set(&self) -> LimitSet {
+        LimitSet {
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+            max_concurrent: self.max_concurrent,
+            daily_tokens: self.daily_tokens,
+            monthly_tokens: self.monthly_tokens,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TenantConfig {
+    pub name: String,
+    pub limits: LimitSet,
+}
+
+#[derive(Debug, Clone)]
+pub struct LimitsConfig {
+    /// Refuse (false) or enforce locally (true) when Redis is unreachable.
+    pub fail_open: bool,
+    /// The period of the `*_per_minute` limits.
+    pub window: Duration,
+    /// Per-key defaults.
+    pub defaults: LimitSet,
         Err(e) => {
             p.push(at, e);
             return None;
@@ -361,6 +422,28 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
                 "admin.token",
                 "is required when admin.listen is not a loopback address",
             );
+fn zero_budgets(p: &mut Problems, at: &str, daily: Option<u64>, monthly: Option<u64>) {
+    if daily == Some(0) {
+        p.push(format!("{at}.daily_tokens"), "must be at least 1 (or absent)");
+    }
+    if monthly == Some(0) {
+        p.push(format!("{at}.monthly_tokens"), "must be at least 1 (or absent)");
+    }
+}
+
+fn zero_limits(p: &mut Problems, at: &str, l: LimitSet) {
+    if l.requests_per_minute == Some(0) {
+        p.push(format!("{at}.requests_per_minute"), "must be at least 1 (or absent)");
+    }
+    if l.tokens_per_minute == Some(0) {
+        p.push(format!("{at}.tokens_per_minute"), "must be at least 1 (or absent)");
+    }
+    if l.max_concurrent == Some(0) {
+        p.push(format!("{at}.max_concurrent"), "must be at least 1 (or absent)");
+    }
+    zero_budgets(p, at, l.daily_tokens, l.monthly_tokens);
+}
+
         }
         Some(AdminConfig { listen, token })
     });
@@ -624,3 +707,55 @@ hash = "md5:abc"
         assert!(parse_key_hash("sha256:abcd").is_err());
     }
 }
+        zero_budgets(&mut p, &at, k.daily_tokens, k.monthly_tokens);
+            daily_tokens: k.daily_tokens,
+            monthly_tokens: k.monthly_tokens,
+        });
+    }
+
+    let mut tenants = Vec::new();
+    let mut tenant_names = HashSet::new();
+    for (i, t) in f.tenants.iter().enumerate() {
+        let at = format!("tenants[{i}]");
+        if t.name.trim().is_empty() {
+            p.push(format!("{at}.name"), "is empty");
+        } else if !tenant_names.insert(t.name.clone()) {
+            p.push(
+                format!("{at}.name"),
+                format!("`{}` is used by another tenant", t.name),
+            );
+        }
+        let limits = LimitSet {
+            requests_per_minute: t.requests_per_minute,
+            tokens_per_minute: t.tokens_per_minute,
+            max_concurrent: t.max_concurrent,
+            daily_tokens: t.daily_tokens,
+            monthly_tokens: t.monthly_tokens,
+        };
+        zero_limits(&mut p, &at, limits);
+        tenants.push(TenantConfig {
+            name: t.name.clone(),
+            limits,
+    let l = &f.limits;
+    let defaults = LimitSet {
+        requests_per_minute: l.requests_per_minute,
+        tokens_per_minute: l.tokens_per_minute,
+        max_concurrent: l.max_concurrent,
+        daily_tokens: l.daily_tokens,
+        monthly_tokens: l.monthly_tokens,
+    };
+    zero_limits(&mut p, "limits", defaults);
+    let limits = LimitsConfig {
+        fail_open: l.fail_open.unwrap_or(true),
+        window: duration(&mut p, "limits.window", &l.window, Duration::from_secs(60)),
+        defaults,
+    };
+    let hide_disallowed_models = f.auth.hide_disallowed_models.unwrap_or(false);
+    if let Some(u) = &redis_url {
+        if !(u.starts_with("redis://") || u.starts_with("redis+unix://") || u.starts_with("unix://")) {
+            p.push("limits.redis_url", "must start with redis:// (or unix:// for a socket)");
+        }
+    }
+            tenants,
+            limits,
+            hide_disallowed_models,

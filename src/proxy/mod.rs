@@ -143,16 +143,10 @@ async fn proxy(
     record.stream = fields.stream;
 
     if !identity.allows(&rt.fleet, &fields.model) {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "invalid_request_error",
-            format!(
-                "This API key is not allowed to use the model `{}`.",
-                fields.model
-            ),
-        )
-        .with_param("model")
-        .with_code("model_not_allowed"));
+        return Err(crate::auth::model_refused(
+            &fields.model,
+            config.hide_disallowed_models,
+        ));
     }
     let resolved = rt
         .fleet
@@ -319,7 +313,7 @@ async fn proxy(
         let mut settle = Settle::new(take_record(record));
         settle.guard = Some(guard);
         if let Some(p) = permit.take() {
-            settle.hooks.push(p.into_hook());
+            settle.hooks.push(p.with_backend(backend.name()).into_hook());
         }
 
         let is_sse = parts

@@ -53,6 +53,7 @@ fn ops_routes() -> Router<Arc<Gateway>> {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/admin/backends", get(admin_backends))
+        .route("/admin/usage", get(admin_usage))
 }
 
 fn finish(r: Router<Arc<Gateway>>, gw: Arc<Gateway>) -> Router {
@@ -186,6 +187,14 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
     )
         .into_response()
 }
+/// Usage per key, tenant, model and backend since the process started (survives reloads).
+async fn admin_usage(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if let Err(r) = admin_allowed(&gw, &headers) {
+        return r;
+    }
+    Json(gw.limits.usage_report()).into_response()
+}
+
 
 async fn admin_backends(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     if let Err(r) = admin_allowed(&gw, &headers) {

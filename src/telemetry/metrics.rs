@@ -19,6 +19,15 @@ pub const BACKEND_INFLIGHT_TOKENS: &str = "sluice_backend_inflight_tokens";
 pub const BACKEND_STATE: &str = "sluice_backend_state";
 pub const FAILOVERS_TOTAL: &str = "sluice_failovers_total";
 pub const STREAM_INTERRUPTIONS_TOTAL: &str = "sluice_stream_interruptions_total";
+/// Requests refused by a tenant limit; labels `tenant`, `scope` (key|tenant), `limit`
+/// (requests|tokens|concurrency|daily_tokens|monthly_tokens|unavailable).
+pub const RATELIMIT_REJECTIONS_TOTAL: &str = "sluice_ratelimit_rejections_total";
+/// Redis calls of the shared limiter that failed (the local fallback or fail-closed applied).
+pub const RATELIMIT_REDIS_ERRORS_TOTAL: &str = "sluice_ratelimit_redis_errors_total";
+/// Usage per `key`, `tenant`, `model`, `backend`, from the backends' usage reports.
+pub const USAGE_REQUESTS_TOTAL: &str = "sluice_usage_requests_total";
+pub const USAGE_PROMPT_TOKENS_TOTAL: &str = "sluice_usage_prompt_tokens_total";
+pub const USAGE_COMPLETION_TOKENS_TOTAL: &str = "sluice_usage_completion_tokens_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
