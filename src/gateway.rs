@@ -3,15 +3,25 @@
 //!
 //! Invariant: a request loads the snapshot once and uses it to the end; a reload builds a whole
 //! new snapshot (reusing backend states) and swaps it in atomically.
+//!
+//! Membership: a fleet snapshot is the configured backends plus the run-time members —
+//! registered through the admin API (TTL heartbeat) and discovered through DNS. Every rebuild
+//! (reload, registration, expiry, re-resolution) goes through [`Gateway::rebuild`], so run-time
+//! members survive reloads. A backend that leaves the fleet is marked draining: requests of
+//! older snapshots finish on it, none starts there.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
 use crate::auth::KeyStore;
 use crate::config::Config;
+use crate::fleet::discovery::{self, Discovered};
 use crate::fleet::health::HealthMonitor;
+use crate::fleet::queue::WaitQueue;
+use crate::fleet::registration::Registrations;
 use crate::fleet::Fleet;
 use crate::limits::Limits;
 use crate::routing::Router;
@@ -31,6 +41,14 @@ pub struct Gateway {
     pub limits: Limits,
     health: Mutex<HealthMonitor>,
     ready: AtomicBool,
+    /// Requests waiting for a backend slot (outlives reloads).
+    pub queue: Arc<WaitQueue>,
+    /// Members registered through the admin API (outlive reloads).
+    pub registrations: Registrations,
+    /// Members found through DNS (outlive reloads).
+    pub discovered: Discovered,
+    /// Serialises fleet rebuilds, so two concurrent changes cannot lose one another.
+    rebuild_lock: Mutex<()>,
 }
 
 impl Gateway {
@@ -51,13 +69,20 @@ impl Gateway {
                  (fine for a localhost sidecar, not for a shared network)"
             );
         }
-        Arc::new(Gateway {
+        let gw = Arc::new(Gateway {
             runtime: ArcSwap::from_pointee(runtime),
             router: Router::new(),
             limits,
             health: Mutex::new(monitor),
             ready: AtomicBool::new(true),
-        })
+            queue: WaitQueue::new(),
+            registrations: Registrations::default(),
+            discovered: Discovered::default(),
+            rebuild_lock: Mutex::new(()),
+        });
+        gw.router.set_slow_start(gw.runtime().config.health.slow_start);
+        spawn_membership(Arc::downgrade(&gw));
+        gw
     }
 
     /// The current snapshot.
@@ -67,13 +92,49 @@ impl Gateway {
 
     /// Swap in a new config; backends whose name, kind and URL are unchanged keep their state.
     pub fn reload(&self, config: Config) {
+        let _serial = self.rebuild_lock.lock().unwrap_or_else(|p| p.into_inner());
         let old = self.runtime();
-        let fleet = Fleet::build(&config, Some(&old.fleet));
+        let configured: std::collections::HashSet<&str> =
+            config.backends.iter().map(|b| b.name.as_str()).collect();
+        self.registrations.drop_shadowed(&configured);
+        self.discovered.retain(&config.membership.discovery);
+        let fleet = Fleet::build_with(&config, &self.members(&config), Some(&old.fleet));
+        mark_removed_draining(&old.fleet, &fleet);
+        self.router.set_slow_start(config.health.slow_start);
         self.limits.reconfigure(&config);
         let next = Runtime {
             keys: Arc::new(KeyStore::new(&config)),
             fleet: Arc::new(fleet),
             config: Arc::new(config),
+        };
+        self.health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .sync(&next.fleet, &next.config.health);
+        self.runtime.store(Arc::new(next));
+    }
+
+    /// The run-time members for `config`: registered, then discovered.
+    fn members(&self, config: &Config) -> Vec<crate::config::BackendConfig> {
+        let mut m = self.registrations.configs();
+        m.extend(
+            self.discovered
+                .configs(&config.membership.discovery, config.backend_timeouts),
+        );
+        m
+    }
+
+    /// Rebuild the fleet of the current config after a membership change (registration,
+    /// expiry, DNS), keeping every unchanged backend's state.
+    pub fn rebuild(&self) {
+        let _serial = self.rebuild_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.runtime();
+        let fleet = Fleet::build_with(&old.config, &self.members(&old.config), Some(&old.fleet));
+        mark_removed_draining(&old.fleet, &fleet);
+        let next = Runtime {
+            keys: old.keys.clone(),
+            fleet: Arc::new(fleet),
+            config: old.config.clone(),
         };
         self.health
             .lock()
@@ -95,4 +156,63 @@ impl Gateway {
     pub fn accepting(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
+}
+
+/// Backends of `old` whose state is not carried into `new` stop taking requests.
+fn mark_removed_draining(old: &Fleet, new: &Fleet) {
+    for b in &old.backends {
+        if !new.backends.iter().any(|n| Arc::ptr_eq(&n.state, &b.state)) {
+            b.state.draining.store(true, Ordering::Relaxed);
+            tracing::info!(backend = b.name(), "backend left the fleet; draining");
+        }
+    }
+}
+
+/// How often membership (TTL expiry, DNS re-resolution) is checked.
+const MEMBERSHIP_TICK: Duration = Duration::from_millis(100);
+
+/// Expire registrations and re-resolve DNS entries for as long as the gateway lives.
+fn spawn_membership(gw: Weak<Gateway>) {
+    tokio::spawn(async move {
+        let mut due: std::collections::HashMap<String, tokio::time::Instant> =
+            std::collections::HashMap::new();
+        loop {
+            tokio::time::sleep(MEMBERSHIP_TICK).await;
+            let Some(gw) = gw.upgrade() else { return };
+            let mut changed = false;
+            for name in gw.registrations.expire() {
+                tracing::warn!(backend = %name, "registration expired (no heartbeat within its TTL)");
+                metrics::counter!(crate::telemetry::metrics::MEMBERSHIP_CHANGES_TOTAL, "source" => "expiry")
+                    .increment(1);
+                changed = true;
+            }
+            let rt = gw.runtime();
+            let now = tokio::time::Instant::now();
+            for d in &rt.config.membership.discovery {
+                if due.get(&d.name).is_some_and(|t| *t > now) {
+                    continue;
+                }
+                due.insert(d.name.clone(), now + d.interval);
+                match tokio::time::timeout(d.interval, discovery::resolve(&d.host, d.port)).await {
+                    Ok(Ok(addrs)) => {
+                        if gw.discovered.update(&d.name, addrs) {
+                            metrics::counter!(crate::telemetry::metrics::MEMBERSHIP_CHANGES_TOTAL, "source" => "dns")
+                                .increment(1);
+                            tracing::info!(entry = %d.name, host = %d.host, "DNS members changed");
+                            changed = true;
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(entry = %d.name, host = %d.host, "DNS lookup failed: {e}")
+                    }
+                    Err(_) => tracing::warn!(entry = %d.name, host = %d.host, "DNS lookup timed out"),
+                }
+            }
+            due.retain(|k, _| rt.config.membership.discovery.iter().any(|d| &d.name == k));
+            drop(rt);
+            if changed {
+                gw.rebuild();
+            }
+        }
+    });
 }

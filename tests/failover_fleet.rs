@@ -112,12 +112,20 @@ async fn killed_backend_is_out_within_a_second_no_client_error_and_rejoins() {
     tokio::time::sleep_until((died + Duration::from_secs(1)).into()).await;
     let at_one_second = attempts(&g, "s1");
     let before = attempts(&g, "s0") + attempts(&g, "s2");
-    eventually(Duration::from_secs(5), "traffic continues elsewhere", || {
-        let n = attempts(&g, "s0") + attempts(&g, "s2");
-        async move { n > before + 100 }
-    })
+    eventually(
+        Duration::from_secs(5),
+        "traffic continues elsewhere",
+        || {
+            let n = attempts(&g, "s0") + attempts(&g, "s2");
+            async move { n > before + 100 }
+        },
+    )
     .await;
-    assert_eq!(attempts(&g, "s1"), at_one_second, "the dead backend got new requests");
+    assert_eq!(
+        attempts(&g, "s1"),
+        at_one_second,
+        "the dead backend got new requests"
+    );
 
     // Restart: it rejoins and serves again.
     sims[1].set_fault(Fault::healthy()).unwrap();
@@ -160,10 +168,14 @@ async fn process_gone_and_restarted_on_the_same_port() {
     tokio::time::sleep_until((died + Duration::from_secs(1)).into()).await;
     let at_one_second = attempts(&g, "s1");
     let before = attempts(&g, "s0") + attempts(&g, "s2");
-    eventually(Duration::from_secs(5), "traffic continues elsewhere", || {
-        let n = attempts(&g, "s0") + attempts(&g, "s2");
-        async move { n > before + 100 }
-    })
+    eventually(
+        Duration::from_secs(5),
+        "traffic continues elsewhere",
+        || {
+            let n = attempts(&g, "s0") + attempts(&g, "s2");
+            async move { n > before + 100 }
+        },
+    )
     .await;
     assert_eq!(attempts(&g, "s1"), at_one_second);
     let _s1 = sim_with(
@@ -223,10 +235,14 @@ async fn hung_backend_costs_at_most_the_ttfb_timeout_then_nothing() {
     assert!(t.elapsed() < Duration::from_millis(700));
     let at_detection = attempts(&g, "s1");
     let before = attempts(&g, "s0") + attempts(&g, "s2");
-    eventually(Duration::from_secs(5), "traffic continues elsewhere", || {
-        let n = attempts(&g, "s0") + attempts(&g, "s2");
-        async move { n > before + 100 }
-    })
+    eventually(
+        Duration::from_secs(5),
+        "traffic continues elsewhere",
+        || {
+            let n = attempts(&g, "s0") + attempts(&g, "s2");
+            async move { n > before + 100 }
+        },
+    )
     .await;
     assert_eq!(attempts(&g, "s1"), at_detection);
     sims[1].set_fault(Fault::healthy()).unwrap();

@@ -30,6 +30,56 @@ pub struct FileConfig {
     pub tenants: Vec<TenantSection>,
     #[serde(default)]
     pub auth: AuthSection,
+    /// Run-time registration of backends (`POST /admin/backends`).
+    #[serde(default)]
+    pub registration: RegistrationSection,
+    /// DNS names whose addresses are backends, re-resolved periodically.
+    #[serde(default)]
+    pub discovery: Vec<DiscoverySection>,
+    /// The wait queue used when every candidate backend is at its concurrency cap.
+    #[serde(default)]
+    pub queue: QueueSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistrationSection {
+    /// TTL of a registration that names none, e.g. "30s"; a member that stops heartbeating
+    /// leaves the pool when it passes.
+    pub ttl: Option<String>,
+    /// Longest TTL a registration may ask for.
+    pub max_ttl: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscoverySection {
+    /// Members are named `<name>@<ip>:<port>`.
+    pub name: String,
+    pub kind: String,
+    /// A DNS name that resolves to many addresses (e.g. a Kubernetes headless Service).
+    pub host: String,
+    pub port: u16,
+    /// `http` (default) or `https`.
+    pub scheme: Option<String>,
+    #[serde(default)]
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub model_names: BTreeMap<String, String>,
+    pub api_key: Option<String>,
+    pub weight: Option<u32>,
+    pub max_concurrent: Option<u32>,
+    /// Re-resolve this often (default "5s").
+    pub interval: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSection {
+    /// Requests that may wait at most (default 1024; 0 = no queue).
+    pub size: Option<u64>,
+    /// Longest wait before 503 with Retry-After (default "5s").
+    pub timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -90,6 +140,12 @@ pub struct HealthSection {
     /// First ejection time; doubles on each repeat, up to `max_ejection`.
     pub base_ejection: Option<String>,
     pub max_ejection: Option<String>,
+    /// After re-admission, ramp a backend's share from 10% to 100% over this time
+    /// (default "5s"; "0s" = off).
+    pub slow_start: Option<String>,
+    /// vLLM: this many waiting requests (from `/metrics`) make a backend `overloaded`
+    /// (default 0 = never).
+    pub overload_waiting: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,11 +194,20 @@ pub struct KeySection {
     pub requests_per_minute: Option<u32>,
     pub tokens_per_minute: Option<u64>,
     pub max_concurrent: Option<u32>,
+    /// Token budget per UTC day.
+    pub daily_tokens: Option<u64>,
+    /// Token budget per UTC calendar month.
+    pub monthly_tokens: Option<u64>,
     #[serde(default)]
     pub disabled: bool,
     /// RFC 3339 time after which the key is refused.
     pub expires_at: Option<String>,
 }
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    pub redis_url: Option<String>,
     /// When Redis is unreachable: `true` (default) enforces the limits per replica from local
     /// state; `false` refuses requests with 503 until Redis is back.
     pub fail_open: Option<bool>,
@@ -174,13 +239,4 @@ pub struct AuthSection {
     /// Answer a model outside a key's allow-list with 404 `model_not_found` instead of 403, so
     /// the names of models a key may not use do not leak.
     pub hide_disallowed_models: Option<bool>,
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsSection {
-    pub redis_url: Option<String>,
 }
-    /// Token budget per UTC day.
-    pub daily_tokens: Option<u64>,
-    /// Token budget per UTC calendar month.
-    pub monthly_tokens: Option<u64>,

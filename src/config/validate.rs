@@ -34,6 +34,13 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// `[auth] hide_disallowed_models`.
     pub hide_disallowed_models: bool,
+    /// `[timeouts]`: the defaults of backends that do not set their own (registered and
+    /// discovered members use them too).
+    pub backend_timeouts: Timeouts,
+    /// `[registration]` and `[[discovery]]`: run-time fleet membership.
+    pub membership: MembershipConfig,
+    /// `[queue]`: the gateway-side wait queue for saturated backends.
+    pub queue: QueueConfig,
     /// The file this came from, for reloads.
     pub source: Option<PathBuf>,
 }
@@ -106,6 +113,49 @@ pub struct HealthConfig {
     pub eject_after_failures: u32,
     pub base_ejection: Duration,
     pub max_ejection: Duration,
+    /// After re-admission a backend's share ramps from 10% to 100% over this time (zero: off).
+    pub slow_start: Duration,
+    /// vLLM: `vllm:num_requests_waiting` at or above this makes a backend `overloaded`
+    /// (0: never).
+    pub overload_waiting: u64,
+}
+
+/// Run-time membership: the registration API and DNS discovery.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MembershipConfig {
+    /// TTL of a registration that does not name one.
+    pub default_ttl: Duration,
+    /// Longest TTL a registration may ask for.
+    pub max_ttl: Duration,
+    pub discovery: Vec<DiscoveryConfig>,
+}
+
+/// One `[[discovery]]` entry: a DNS name whose addresses are backends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiscoveryConfig {
+    /// Members are named `<name>@<ip>:<port>`.
+    pub name: String,
+    pub kind: BackendKind,
+    /// `http` or `https`.
+    pub scheme: String,
+    pub host: String,
+    pub port: u16,
+    pub models: Vec<String>,
+    pub model_names: BTreeMap<String, String>,
+    pub api_key: Option<String>,
+    pub weight: u32,
+    pub max_concurrent: Option<u32>,
+    /// Re-resolve this often.
+    pub interval: Duration,
+}
+
+/// The gateway-side wait queue used when every candidate backend is at its concurrency cap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueConfig {
+    /// Requests waiting at most (0: no queue, answer 503 at once).
+    pub size: usize,
+    /// Longest wait before a 503 with `Retry-After`.
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -199,56 +249,6 @@ pub struct KeyConfig {
     pub max_concurrent: Option<u32>,
     pub disabled: bool,
     pub expires_at: Option<SystemTime>,
-}
-
-impl Config {
-    /// A config with defaults and no backends: the base for tests and `sluice demo`.
-    pub fn empty() -> Config {
-        validate(FileConfig::default(), &super::env::ProcessEnv)
-            .unwrap_or_else(|_| unreachable!("the default config is valid"))
-    }
-
-    /// Alias or canonical name → canonical name, for every `[[models]]` entry.
-    pub fn alias_map(&self) -> HashMap<String, String> {
-        let mut map = HashMap::new();
-        for m in &self.models {
-            map.insert(m.name.clone(), m.name.clone());
-            for a in &m.aliases {
-                map.insert(a.clone(), m.name.clone());
-            }
-        }
-        map
-    }
-}
-
-struct Problems(Vec<String>);
-
-impl Problems {
-    fn push(&mut self, at: impl std::fmt::Display, what: impl std::fmt::Display) {
-        self.0.push(format!("{at}: {what}"));
-    }
-}
-
-fn duration(p: &mut Problems, at: &str, v: &Option<String>, default: Duration) -> Duration {
-    match v {
-        None => default,
-        Some(s) => match humantime::parse_duration(s) {
-            Ok(d) if !d.is_zero() => d,
-            Ok(_) => {
-                p.push(at, "must be greater than zero");
-                default
-            }
-            Err(e) => {
-                p.push(at, format!("`{s}` is not a duration like \"500ms\" or \"30s\" ({e})"));
-                default
-            }
-        },
-    }
-}
-
-fn addr(p: &mut Problems, at: &str, v: &str, env: &dyn Env) -> Option<SocketAddr> {
-    let v = match expand(v, env) {
-        Ok(v) => v,
     /// Token budgets per UTC day / calendar month.
     pub daily_tokens: Option<u64>,
     pub monthly_tokens: Option<u64>,
@@ -304,6 +304,59 @@ pub struct LimitsConfig {
     pub window: Duration,
     /// Per-key defaults.
     pub defaults: LimitSet,
+}
+
+impl Config {
+    /// A config with defaults and no backends: the base for tests and `sluice demo`.
+    pub fn empty() -> Config {
+        validate(FileConfig::default(), &super::env::ProcessEnv)
+            .unwrap_or_else(|_| unreachable!("the default config is valid"))
+    }
+
+    /// Alias or canonical name → canonical name, for every `[[models]]` entry.
+    pub fn alias_map(&self) -> HashMap<String, String> {
+        let mut map = HashMap::new();
+        for m in &self.models {
+            map.insert(m.name.clone(), m.name.clone());
+            for a in &m.aliases {
+                map.insert(a.clone(), m.name.clone());
+            }
+        }
+        map
+    }
+}
+
+struct Problems(Vec<String>);
+
+impl Problems {
+    fn push(&mut self, at: impl std::fmt::Display, what: impl std::fmt::Display) {
+        self.0.push(format!("{at}: {what}"));
+    }
+}
+
+fn duration(p: &mut Problems, at: &str, v: &Option<String>, default: Duration) -> Duration {
+    match v {
+        None => default,
+        Some(s) => match humantime::parse_duration(s) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => {
+                p.push(at, "must be greater than zero");
+                default
+            }
+            Err(e) => {
+                p.push(
+                    at,
+                    format!("`{s}` is not a duration like \"500ms\" or \"30s\" ({e})"),
+                );
+                default
+            }
+        },
+    }
+}
+
+fn addr(p: &mut Problems, at: &str, v: &str, env: &dyn Env) -> Option<SocketAddr> {
+    let v = match expand(v, env) {
+        Ok(v) => v,
         Err(e) => {
             p.push(at, e);
             return None;
@@ -312,7 +365,10 @@ pub struct LimitsConfig {
     match v.parse::<SocketAddr>() {
         Ok(a) => Some(a),
         Err(_) => {
-            p.push(at, format!("`{v}` is not an address like \"127.0.0.1:8080\""));
+            p.push(
+                at,
+                format!("`{v}` is not an address like \"127.0.0.1:8080\""),
+            );
             None
         }
     }
@@ -336,7 +392,12 @@ fn secret(p: &mut Problems, at: &str, v: &Option<String>, env: &dyn Env) -> Opti
 fn timeouts(p: &mut Problems, at: &str, t: &TimeoutsSection, base: Timeouts) -> Timeouts {
     Timeouts {
         connect: duration(p, &format!("{at}.connect"), &t.connect, base.connect),
-        first_byte: duration(p, &format!("{at}.first_byte"), &t.first_byte, base.first_byte),
+        first_byte: duration(
+            p,
+            &format!("{at}.first_byte"),
+            &t.first_byte,
+            base.first_byte,
+        ),
         response: duration(p, &format!("{at}.response"), &t.response, base.response),
         idle: duration(p, &format!("{at}.idle"), &t.idle, base.idle),
     }
@@ -344,9 +405,7 @@ fn timeouts(p: &mut Problems, at: &str, t: &TimeoutsSection, base: Timeouts) -> 
 
 /// Parse a backend base URL: http or https, with a host; a trailing `/` is dropped.
 pub fn parse_backend_url(s: &str) -> Result<Uri, String> {
-    let uri: Uri = s
-        .parse()
-        .map_err(|e| format!("`{s}` is not a URL ({e})"))?;
+    let uri: Uri = s.parse().map_err(|e| format!("`{s}` is not a URL ({e})"))?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}
         _ => return Err(format!("`{s}` must start with http:// or https://")),
@@ -363,12 +422,35 @@ pub fn parse_backend_url(s: &str) -> Result<Uri, String> {
         .map_err(|e| format!("`{s}` is not a URL ({e})"))
 }
 
+fn zero_budgets(p: &mut Problems, at: &str, daily: Option<u64>, monthly: Option<u64>) {
+    if daily == Some(0) {
+        p.push(format!("{at}.daily_tokens"), "must be at least 1 (or absent)");
+    }
+    if monthly == Some(0) {
+        p.push(format!("{at}.monthly_tokens"), "must be at least 1 (or absent)");
+    }
+}
+
+fn zero_limits(p: &mut Problems, at: &str, l: LimitSet) {
+    if l.requests_per_minute == Some(0) {
+        p.push(format!("{at}.requests_per_minute"), "must be at least 1 (or absent)");
+    }
+    if l.tokens_per_minute == Some(0) {
+        p.push(format!("{at}.tokens_per_minute"), "must be at least 1 (or absent)");
+    }
+    if l.max_concurrent == Some(0) {
+        p.push(format!("{at}.max_concurrent"), "must be at least 1 (or absent)");
+    }
+    zero_budgets(p, at, l.daily_tokens, l.monthly_tokens);
+}
+
 /// Parse `sha256:<64 hex digits>`.
 pub fn parse_key_hash(s: &str) -> Result<[u8; 32], String> {
-    let hex_part = s
-        .strip_prefix("sha256:")
-        .ok_or_else(|| "must look like sha256:<64 hex digits> (from `sluice key new`)".to_string())?;
-    let bytes = hex::decode(hex_part).map_err(|_| "the part after sha256: is not hex".to_string())?;
+    let hex_part = s.strip_prefix("sha256:").ok_or_else(|| {
+        "must look like sha256:<64 hex digits> (from `sluice key new`)".to_string()
+    })?;
+    let bytes =
+        hex::decode(hex_part).map_err(|_| "the part after sha256: is not hex".to_string())?;
     bytes
         .try_into()
         .map_err(|_| "a SHA-256 hash has 64 hex digits".to_string())
@@ -422,28 +504,6 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
                 "admin.token",
                 "is required when admin.listen is not a loopback address",
             );
-fn zero_budgets(p: &mut Problems, at: &str, daily: Option<u64>, monthly: Option<u64>) {
-    if daily == Some(0) {
-        p.push(format!("{at}.daily_tokens"), "must be at least 1 (or absent)");
-    }
-    if monthly == Some(0) {
-        p.push(format!("{at}.monthly_tokens"), "must be at least 1 (or absent)");
-    }
-}
-
-fn zero_limits(p: &mut Problems, at: &str, l: LimitSet) {
-    if l.requests_per_minute == Some(0) {
-        p.push(format!("{at}.requests_per_minute"), "must be at least 1 (or absent)");
-    }
-    if l.tokens_per_minute == Some(0) {
-        p.push(format!("{at}.tokens_per_minute"), "must be at least 1 (or absent)");
-    }
-    if l.max_concurrent == Some(0) {
-        p.push(format!("{at}.max_concurrent"), "must be at least 1 (or absent)");
-    }
-    zero_budgets(p, at, l.daily_tokens, l.monthly_tokens);
-}
-
         }
         Some(AdminConfig { listen, token })
     });
@@ -478,13 +538,40 @@ fn zero_limits(p: &mut Problems, at: &str, l: LimitSet) {
 
     let h = &f.health;
     let health = HealthConfig {
-        interval: duration(&mut p, "health.interval", &h.interval, Duration::from_millis(1000)),
-        timeout: duration(&mut p, "health.timeout", &h.timeout, Duration::from_millis(800)),
+        interval: duration(
+            &mut p,
+            "health.interval",
+            &h.interval,
+            Duration::from_millis(1000),
+        ),
+        timeout: duration(
+            &mut p,
+            "health.timeout",
+            &h.timeout,
+            Duration::from_millis(800),
+        ),
         healthy_threshold: h.healthy_threshold.unwrap_or(2).max(1),
         unhealthy_threshold: h.unhealthy_threshold.unwrap_or(2).max(1),
         eject_after_failures: h.eject_after_failures.unwrap_or(3).max(1),
-        base_ejection: duration(&mut p, "health.base_ejection", &h.base_ejection, Duration::from_secs(2)),
-        max_ejection: duration(&mut p, "health.max_ejection", &h.max_ejection, Duration::from_secs(60)),
+        base_ejection: duration(
+            &mut p,
+            "health.base_ejection",
+            &h.base_ejection,
+            Duration::from_secs(2),
+        ),
+        max_ejection: duration(
+            &mut p,
+            "health.max_ejection",
+            &h.max_ejection,
+            Duration::from_secs(60),
+        ),
+        slow_start: zero_ok_duration(
+            &mut p,
+            "health.slow_start",
+            &h.slow_start,
+            Duration::from_secs(5),
+        ),
+        overload_waiting: h.overload_waiting.unwrap_or(0),
     };
 
     let base_timeouts = timeouts(&mut p, "timeouts", &f.timeouts, Timeouts::default());
@@ -520,7 +607,10 @@ fn zero_limits(p: &mut Problems, at: &str, l: LimitSet) {
         if b.name.trim().is_empty() {
             p.push(format!("{at}.name"), "is empty");
         } else if !backend_names.insert(b.name.clone()) {
-            p.push(format!("{at}.name"), format!("`{}` is used by another backend", b.name));
+            p.push(
+                format!("{at}.name"),
+                format!("`{}` is used by another backend", b.name),
+            );
         }
         let kind = BackendKind::from_str(&b.kind).unwrap_or_else(|e| {
             p.push(format!("{at}.kind"), e);
@@ -567,7 +657,12 @@ fn zero_limits(p: &mut Problems, at: &str, l: LimitSet) {
             weight,
             max_concurrent: b.max_concurrent,
             health_path: b.health_path.clone(),
-            timeouts: timeouts(&mut p, &format!("{at}.timeouts"), &b.timeouts, base_timeouts),
+            timeouts: timeouts(
+                &mut p,
+                &format!("{at}.timeouts"),
+                &b.timeouts,
+                base_timeouts,
+            ),
         });
     }
 
@@ -577,7 +672,10 @@ fn zero_limits(p: &mut Problems, at: &str, l: LimitSet) {
     for (i, k) in f.keys.iter().enumerate() {
         let at = format!("keys[{i}]");
         if !key_names.insert(k.name.clone()) {
-            p.push(format!("{at}.name"), format!("`{}` is used by another key", k.name));
+            p.push(
+                format!("{at}.name"),
+                format!("`{}` is used by another key", k.name),
+            );
         }
         let hash = match parse_key_hash(&k.hash) {
             Ok(h) => {
@@ -597,14 +695,24 @@ fn zero_limits(p: &mut Problems, at: &str, l: LimitSet) {
                 .ok()
         });
         if k.requests_per_minute == Some(0) {
-            p.push(format!("{at}.requests_per_minute"), "must be at least 1 (or absent)");
+            p.push(
+                format!("{at}.requests_per_minute"),
+                "must be at least 1 (or absent)",
+            );
         }
         if k.tokens_per_minute == Some(0) {
-            p.push(format!("{at}.tokens_per_minute"), "must be at least 1 (or absent)");
+            p.push(
+                format!("{at}.tokens_per_minute"),
+                "must be at least 1 (or absent)",
+            );
         }
         if k.max_concurrent == Some(0) {
-            p.push(format!("{at}.max_concurrent"), "must be at least 1 (or absent)");
+            p.push(
+                format!("{at}.max_concurrent"),
+                "must be at least 1 (or absent)",
+            );
         }
+        zero_budgets(&mut p, &at, k.daily_tokens, k.monthly_tokens);
         keys.push(KeyConfig {
             name: k.name.clone(),
             tenant: k.tenant.clone().unwrap_or_else(|| k.name.clone()),
@@ -615,10 +723,59 @@ fn zero_limits(p: &mut Problems, at: &str, l: LimitSet) {
             max_concurrent: k.max_concurrent,
             disabled: k.disabled,
             expires_at,
+            daily_tokens: k.daily_tokens,
+            monthly_tokens: k.monthly_tokens,
         });
     }
 
+    let mut tenants = Vec::new();
+    let mut tenant_names = HashSet::new();
+    for (i, t) in f.tenants.iter().enumerate() {
+        let at = format!("tenants[{i}]");
+        if t.name.trim().is_empty() {
+            p.push(format!("{at}.name"), "is empty");
+        } else if !tenant_names.insert(t.name.clone()) {
+            p.push(
+                format!("{at}.name"),
+                format!("`{}` is used by another tenant", t.name),
+            );
+        }
+        let limits = LimitSet {
+            requests_per_minute: t.requests_per_minute,
+            tokens_per_minute: t.tokens_per_minute,
+            max_concurrent: t.max_concurrent,
+            daily_tokens: t.daily_tokens,
+            monthly_tokens: t.monthly_tokens,
+        };
+        zero_limits(&mut p, &at, limits);
+        tenants.push(TenantConfig {
+            name: t.name.clone(),
+            limits,
+        });
+    }
+    let l = &f.limits;
+    let defaults = LimitSet {
+        requests_per_minute: l.requests_per_minute,
+        tokens_per_minute: l.tokens_per_minute,
+        max_concurrent: l.max_concurrent,
+        daily_tokens: l.daily_tokens,
+        monthly_tokens: l.monthly_tokens,
+    };
+    zero_limits(&mut p, "limits", defaults);
+    let limits = LimitsConfig {
+        fail_open: l.fail_open.unwrap_or(true),
+        window: duration(&mut p, "limits.window", &l.window, Duration::from_secs(60)),
+        defaults,
+    };
+    let hide_disallowed_models = f.auth.hide_disallowed_models.unwrap_or(false);
+
     let redis_url = secret(&mut p, "limits.redis_url", &f.limits.redis_url, env);
+    if let Some(u) = &redis_url {
+        if !(u.starts_with("redis://") || u.starts_with("redis+unix://") || u.starts_with("unix://")) {
+            p.push("limits.redis_url", "must start with redis:// (or unix:// for a socket)");
+        }
+    }
+    let (membership, queue) = membership_and_queue(&mut p, &f, env);
 
     if p.0.is_empty() {
         Ok(Config {
@@ -630,11 +787,92 @@ fn zero_limits(p: &mut Problems, at: &str, l: LimitSet) {
             models,
             keys,
             redis_url,
+            tenants,
+            limits,
+            hide_disallowed_models,
+            backend_timeouts: base_timeouts,
+            membership,
+            queue,
             source: None,
         })
     } else {
         Err(p.0)
     }
+}
+
+/// A duration where `"0s"` means "off".
+fn zero_ok_duration(p: &mut Problems, at: &str, v: &Option<String>, default: Duration) -> Duration {
+    match v.as_deref().map(str::trim) {
+        Some("0") | Some("0s") | Some("0ms") => Duration::ZERO,
+        _ => duration(p, at, v, default),
+    }
+}
+
+/// `[registration]`, `[[discovery]]` and `[queue]`.
+fn membership_and_queue(
+    p: &mut Problems,
+    f: &FileConfig,
+    env: &dyn Env,
+) -> (MembershipConfig, QueueConfig) {
+    let r = &f.registration;
+    let default_ttl = duration(p, "registration.ttl", &r.ttl, Duration::from_secs(30));
+    let max_ttl = duration(p, "registration.max_ttl", &r.max_ttl, Duration::from_secs(3600));
+    let mut discovery = Vec::new();
+    let mut names = HashSet::new();
+    for (i, d) in f.discovery.iter().enumerate() {
+        let at = format!("discovery[{i}]");
+        if d.name.trim().is_empty() || d.name.contains('@') {
+            p.push(format!("{at}.name"), "must be non-empty and without `@`");
+        } else if !names.insert(d.name.clone()) || f.backends.iter().any(|b| b.name == d.name) {
+            p.push(format!("{at}.name"), format!("`{}` is used twice", d.name));
+        }
+        let kind = BackendKind::from_str(&d.kind).unwrap_or_else(|e| {
+            p.push(format!("{at}.kind"), e);
+            BackendKind::OpenAi
+        });
+        let scheme = d.scheme.clone().unwrap_or_else(|| "http".into());
+        if scheme != "http" && scheme != "https" {
+            p.push(format!("{at}.scheme"), "must be http or https");
+        }
+        if d.host.trim().is_empty() {
+            p.push(format!("{at}.host"), "is empty");
+        }
+        if d.port == 0 {
+            p.push(format!("{at}.port"), "must be 1..65535");
+        }
+        if d.weight == Some(0) {
+            p.push(format!("{at}.weight"), "must be at least 1");
+        }
+        if d.max_concurrent == Some(0) {
+            p.push(format!("{at}.max_concurrent"), "must be at least 1");
+        }
+        discovery.push(DiscoveryConfig {
+            name: d.name.clone(),
+            kind,
+            scheme,
+            host: d.host.clone(),
+            port: d.port,
+            models: d.models.clone(),
+            model_names: d.model_names.clone(),
+            api_key: secret(p, &format!("{at}.api_key"), &d.api_key, env),
+            weight: d.weight.unwrap_or(1).max(1),
+            max_concurrent: d.max_concurrent,
+            interval: duration(p, &format!("{at}.interval"), &d.interval, Duration::from_secs(5)),
+        });
+    }
+    let q = &f.queue;
+    let queue = QueueConfig {
+        size: q.size.map_or(1024, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        timeout: duration(p, "queue.timeout", &q.timeout, Duration::from_secs(5)),
+    };
+    (
+        MembershipConfig {
+            default_ttl,
+            max_ttl,
+            discovery,
+        },
+        queue,
+    )
 }
 
 #[cfg(test)]
@@ -694,7 +932,10 @@ hash = "md5:abc"
 
     #[test]
     fn backend_url_forms() {
-        assert_eq!(parse_backend_url("http://h:1/").unwrap().to_string(), "http://h:1/");
+        assert_eq!(
+            parse_backend_url("http://h:1/").unwrap().to_string(),
+            "http://h:1/"
+        );
         assert_eq!(parse_backend_url("https://h/v1/").unwrap().path(), "/v1");
         assert!(parse_backend_url("h:1").is_err());
         assert!(parse_backend_url("http://h?x=1").is_err());
@@ -707,55 +948,3 @@ hash = "md5:abc"
         assert!(parse_key_hash("sha256:abcd").is_err());
     }
 }
-        zero_budgets(&mut p, &at, k.daily_tokens, k.monthly_tokens);
-            daily_tokens: k.daily_tokens,
-            monthly_tokens: k.monthly_tokens,
-        });
-    }
-
-    let mut tenants = Vec::new();
-    let mut tenant_names = HashSet::new();
-    for (i, t) in f.tenants.iter().enumerate() {
-        let at = format!("tenants[{i}]");
-        if t.name.trim().is_empty() {
-            p.push(format!("{at}.name"), "is empty");
-        } else if !tenant_names.insert(t.name.clone()) {
-            p.push(
-                format!("{at}.name"),
-                format!("`{}` is used by another tenant", t.name),
-            );
-        }
-        let limits = LimitSet {
-            requests_per_minute: t.requests_per_minute,
-            tokens_per_minute: t.tokens_per_minute,
-            max_concurrent: t.max_concurrent,
-            daily_tokens: t.daily_tokens,
-            monthly_tokens: t.monthly_tokens,
-        };
-        zero_limits(&mut p, &at, limits);
-        tenants.push(TenantConfig {
-            name: t.name.clone(),
-            limits,
-    let l = &f.limits;
-    let defaults = LimitSet {
-        requests_per_minute: l.requests_per_minute,
-        tokens_per_minute: l.tokens_per_minute,
-        max_concurrent: l.max_concurrent,
-        daily_tokens: l.daily_tokens,
-        monthly_tokens: l.monthly_tokens,
-    };
-    zero_limits(&mut p, "limits", defaults);
-    let limits = LimitsConfig {
-        fail_open: l.fail_open.unwrap_or(true),
-        window: duration(&mut p, "limits.window", &l.window, Duration::from_secs(60)),
-        defaults,
-    };
-    let hide_disallowed_models = f.auth.hide_disallowed_models.unwrap_or(false);
-    if let Some(u) = &redis_url {
-        if !(u.starts_with("redis://") || u.starts_with("redis+unix://") || u.starts_with("unix://")) {
-            p.push("limits.redis_url", "must start with redis:// (or unix:// for a socket)");
-        }
-    }
-            tenants,
-            limits,
-            hide_disallowed_models,

@@ -117,7 +117,20 @@ pub struct Track {
     pub ever_healthy: bool,
     pub last_error: Option<String>,
     pub last_change_ms: u64,
+    /// Busy answers (429/503) in a row: each doubles the skip when no `Retry-After` is given.
+    pub busy_streak: u32,
+    /// When the last probe ran (ms since process start), for `/admin/backends`.
+    pub last_probe_ms: u64,
 }
+
+/// How long a backend is skipped after a busy answer without `Retry-After`: 250 ms, doubling
+/// with each busy answer in a row, at most 8 s.
+pub fn busy_backoff(streak: u32) -> Duration {
+    Duration::from_millis(250u64 << streak.min(5))
+}
+
+/// The smallest share of traffic a backend in slow start gets.
+pub const SLOW_START_MIN_SHARE: f64 = 0.1;
 
 /// Live state of one backend.
 #[derive(Debug)]
@@ -133,6 +146,13 @@ pub struct BackendState {
     pub discovered: ArcSwap<ModelMap>,
     pub requests_total: AtomicU64,
     pub failures_total: AtomicU64,
+    /// When the backend was last re-admitted (ms since process start; 0 = never): its share of
+    /// traffic ramps up from then over `health.slow_start`.
+    pub admitted_at_ms: AtomicU64,
+    /// Concurrency limit the engine announced (TGI `/info` `max_concurrent_requests`; 0 = none).
+    pub learned_max_concurrent: AtomicU64,
+    /// Requests waiting inside the engine (vLLM `vllm:num_requests_waiting`), from the probe.
+    pub engine_waiting: AtomicU64,
 }
 
 impl Default for BackendState {
@@ -153,6 +173,9 @@ impl BackendState {
             discovered: ArcSwap::from_pointee(ModelMap::new()),
             requests_total: AtomicU64::new(0),
             failures_total: AtomicU64::new(0),
+            admitted_at_ms: AtomicU64::new(0),
+            learned_max_concurrent: AtomicU64::new(0),
+            engine_waiting: AtomicU64::new(0),
         }
     }
 
@@ -187,6 +210,42 @@ impl BackendState {
     pub fn record_live_success(&self) {
         let mut t = self.track();
         t.live_fail_streak = 0;
+        t.busy_streak = 0;
+    }
+
+    /// The engine answered "busy" (429, or 503 from an engine that is up): skip it for its
+    /// `Retry-After`, or for a backoff that doubles with each busy answer in a row, and show
+    /// it `overloaded` until probes see it fine after the skip.
+    pub fn record_busy(&self, retry_after: Option<Duration>) {
+        let mut t = self.track();
+        let skip = retry_after.unwrap_or_else(|| busy_backoff(t.busy_streak));
+        t.busy_streak = t.busy_streak.saturating_add(1);
+        t.last_error = Some("busy".into());
+        let current = self.health();
+        if matches!(current, Health::Healthy | Health::Unknown) {
+            t.last_change_ms = now_ms();
+            drop(t);
+            self.set_health(Health::Overloaded);
+        } else {
+            drop(t);
+        }
+        self.skip_for(skip);
+    }
+
+    /// The share of its fair traffic this backend may take now: ramps linearly from
+    /// [`SLOW_START_MIN_SHARE`] to 1 during `slow_start` after a re-admission.
+    pub fn slow_start_share(&self, slow_start: Duration) -> f64 {
+        let at = self.admitted_at_ms.load(Ordering::Relaxed);
+        let window = u64::try_from(slow_start.as_millis()).unwrap_or(u64::MAX);
+        if at == 0 || window == 0 {
+            return 1.0;
+        }
+        let elapsed = now_ms().saturating_sub(at);
+        if elapsed >= window {
+            return 1.0;
+        }
+        let f = elapsed as f64 / window as f64;
+        SLOW_START_MIN_SHARE + (1.0 - SLOW_START_MIN_SHARE) * f
     }
 
     /// A live request failed at this backend. A connect failure ejects at once (the process is
@@ -202,7 +261,10 @@ impl BackendState {
         }
         if connect_failure || t.live_fail_streak >= cfg.eject_after_failures {
             let factor = 1u32 << t.ejections.min(16);
-            let base = cfg.base_ejection.saturating_mul(factor).min(cfg.max_ejection);
+            let base = cfg
+                .base_ejection
+                .saturating_mul(factor)
+                .min(cfg.max_ejection);
             t.ejections = t.ejections.saturating_add(1);
             t.ejected_until_ms = now_ms() + u64::try_from(base.as_millis()).unwrap_or(u64::MAX);
             t.probe_ok_streak = 0;
@@ -233,7 +295,11 @@ impl Backend {
         let client = build_client(&config);
         let mut configured = ModelMap::new();
         for m in &config.models {
-            let backend_name = config.model_names.get(m).cloned().unwrap_or_else(|| m.clone());
+            let backend_name = config
+                .model_names
+                .get(m)
+                .cloned()
+                .unwrap_or_else(|| m.clone());
             configured.insert(m.clone(), backend_name);
         }
         Backend {
@@ -250,6 +316,24 @@ impl Backend {
 
     pub fn kind(&self) -> BackendKind {
         self.config.kind
+    }
+
+    /// The most requests Sluice sends here at once: the configured `max_concurrent`, else the
+    /// limit the engine announced, else none.
+    pub fn cap(&self) -> Option<u64> {
+        if let Some(c) = self.config.max_concurrent {
+            return Some(u64::from(c));
+        }
+        match self.state.learned_max_concurrent.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        }
+    }
+
+    /// Whether the backend has a free slot under its cap.
+    pub fn has_slot(&self) -> bool {
+        self.cap()
+            .is_none_or(|c| self.state.inflight_requests.load(Ordering::Relaxed) < c)
     }
 
     /// The backend's name for a client model, if it serves it.
@@ -366,18 +450,34 @@ mod tests {
         let b = backend(BackendKind::Vllm, "http://h:8000", &[], &[]);
         assert_eq!(b.url_for("/v1/models").unwrap(), "http://h:8000/v1/models");
         let b = backend(BackendKind::OpenAi, "https://api.x.com/v1", &[], &[]);
-        assert_eq!(b.url_for("/v1/chat/completions").unwrap(), "https://api.x.com/v1/chat/completions");
+        assert_eq!(
+            b.url_for("/v1/chat/completions").unwrap(),
+            "https://api.x.com/v1/chat/completions"
+        );
         let b = backend(BackendKind::OpenAi, "http://h/prefix/", &[], &[]);
-        assert_eq!(b.url_for("/v1/models").unwrap(), "http://h/prefix/v1/models");
+        assert_eq!(
+            b.url_for("/v1/models").unwrap(),
+            "http://h/prefix/v1/models"
+        );
     }
 
     #[test]
     fn configured_and_discovered_names() {
-        let b = backend(BackendKind::Ollama, "http://h", &["llama-3.1-8b"], &[("llama-3.1-8b", "llama3.1:8b")]);
+        let b = backend(
+            BackendKind::Ollama,
+            "http://h",
+            &["llama-3.1-8b"],
+            &[("llama-3.1-8b", "llama3.1:8b")],
+        );
         assert_eq!(b.serves("llama-3.1-8b").as_deref(), Some("llama3.1:8b"));
         assert_eq!(b.serves("other"), None);
 
-        let b = backend(BackendKind::Ollama, "http://h", &[], &[("llama-3.1-8b", "llama3.1:8b")]);
+        let b = backend(
+            BackendKind::Ollama,
+            "http://h",
+            &[],
+            &[("llama-3.1-8b", "llama3.1:8b")],
+        );
         let map = b.discovered_map(&["llama3.1:8b".into(), "qwen:latest".into()]);
         b.state.discovered.store(Arc::new(map));
         assert_eq!(b.serves("llama-3.1-8b").as_deref(), Some("llama3.1:8b"));
@@ -403,5 +503,32 @@ mod tests {
         s.record_live_failure(&cfg, true, "refused");
         assert_eq!(s.health(), Health::Ejected);
         assert!(!s.routable());
+    }
+
+    #[test]
+    fn busy_answers_back_off_and_show_overloaded() {
+        let s = BackendState::new();
+        s.set_health(Health::Healthy);
+        s.record_busy(None);
+        assert_eq!(s.health(), Health::Overloaded);
+        assert!(!s.routable());
+        let first = s.skip_until_ms.load(Ordering::Relaxed);
+        s.record_busy(None);
+        assert!(s.skip_until_ms.load(Ordering::Relaxed) >= first);
+        assert_eq!(s.track().busy_streak, 2);
+        assert_eq!(busy_backoff(1), Duration::from_millis(500));
+        assert_eq!(busy_backoff(30), Duration::from_millis(8000));
+        s.record_live_success();
+        assert_eq!(s.track().busy_streak, 0);
+    }
+
+    #[test]
+    fn slow_start_ramps_from_min_share() {
+        let s = BackendState::new();
+        assert_eq!(s.slow_start_share(Duration::from_secs(5)), 1.0);
+        s.admitted_at_ms.store(now_ms().max(1), Ordering::Relaxed);
+        let share = s.slow_start_share(Duration::from_secs(5));
+        assert!((SLOW_START_MIN_SHARE..0.2).contains(&share), "{share}");
+        assert_eq!(s.slow_start_share(Duration::ZERO), 1.0);
     }
 }

@@ -6,6 +6,13 @@
 //! goes down after `unhealthy_threshold` failed probes in a row and comes back after
 //! `healthy_threshold` passes (and, if it was ejected by live traffic, not before its ejection
 //! time). A backend that refuses connections and has never been healthy is `starting`.
+//!
+//! Beyond up/down: TGI's `/info` announces `max_concurrent_requests`, learned as the backend's
+//! concurrency cap (unless `max_concurrent` is configured); with `health.overload_waiting` set,
+//! vLLM's `/metrics` is read and a queue of that many waiting requests makes it `overloaded`.
+//! An `overloaded` backend (busy answer) returns to `healthy` only once its skip time passed.
+//! A backend re-admitted after being ejected, down or overloaded by its queue starts a slow
+//! start: its share of traffic ramps up over `health.slow_start` (see the router).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +24,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use rand::Rng;
 use serde::Deserialize;
 use tokio::task::JoinHandle;
+
+use std::sync::atomic::Ordering;
 
 use super::backend::{now_ms, Health};
 use super::{Backend, Fleet};
@@ -30,7 +39,11 @@ const DISCOVERY_EVERY: Duration = Duration::from_secs(10);
 /// How one probe went.
 #[derive(Debug)]
 pub enum ProbeOutcome {
-    Ok { models: Option<Vec<String>> },
+    Ok {
+        models: Option<Vec<String>>,
+    },
+    /// The engine is up but its own queue is past `health.overload_waiting`.
+    Busy(u64),
     /// Connection refused or reset before an answer.
     Refused(String),
     /// The engine answered that it is not ready (e.g. 503 while loading).
@@ -81,14 +94,38 @@ fn spawn_probe(backend: Arc<Backend>, cfg: HealthConfig) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut last_discovery: Option<u64> = None;
         loop {
-            let discover = !backend.models_configured()
-                && last_discovery.is_none_or(|t| now_ms().saturating_sub(t) >= DISCOVERY_EVERY.as_millis() as u64);
-            let outcome = probe(&backend, cfg.timeout, discover).await;
-            if let ProbeOutcome::Ok { models: Some(models) } = &outcome {
-                let map = backend.discovered_map(models);
-                backend.state.discovered.store(Arc::new(map));
+            // TGI's /info also carries its concurrency limit, so it is read even when the
+            // models are configured.
+            let discover = (!backend.models_configured() || backend.kind() == BackendKind::Tgi)
+                && last_discovery.is_none_or(|t| {
+                    now_ms().saturating_sub(t) >= DISCOVERY_EVERY.as_millis() as u64
+                });
+            let mut outcome = probe(&backend, cfg.timeout, discover).await;
+            if let ProbeOutcome::Ok {
+                models: Some(models),
+            } = &outcome
+            {
+                if !backend.models_configured() {
+                    let map = backend.discovered_map(models);
+                    backend.state.discovered.store(Arc::new(map));
+                }
                 last_discovery = Some(now_ms());
             }
+            if matches!(outcome, ProbeOutcome::Ok { .. })
+                && backend.kind() == BackendKind::Vllm
+                && cfg.overload_waiting > 0
+            {
+                if let Some(waiting) = scrape_waiting(&backend, cfg.timeout).await {
+                    backend
+                        .state
+                        .engine_waiting
+                        .store(waiting, Ordering::Relaxed);
+                    if waiting >= cfg.overload_waiting {
+                        outcome = ProbeOutcome::Busy(waiting);
+                    }
+                }
+            }
+            crate::telemetry::metrics::probe_result(backend.name(), outcome.label());
             apply(&backend, &cfg, &outcome);
             let jitter = rand::rng().random_range(0.9..1.1);
             tokio::time::sleep(cfg.interval.mul_f64(jitter)).await;
@@ -102,6 +139,7 @@ pub fn apply(backend: &Backend, cfg: &HealthConfig, outcome: &ProbeOutcome) {
     let current = state.health();
     let mut t = state.track();
     let now = now_ms();
+    t.last_probe_ms = now;
     let next = match outcome {
         ProbeOutcome::Ok { .. } => {
             t.probe_ok_streak = t.probe_ok_streak.saturating_add(1);
@@ -110,8 +148,20 @@ pub fn apply(backend: &Backend, cfg: &HealthConfig, outcome: &ProbeOutcome) {
                 Health::Healthy | Health::Draining => current,
                 Health::Unknown => Health::Healthy,
                 Health::Ejected if now < t.ejected_until_ms => Health::Ejected,
+                Health::Overloaded if now < state.skip_until_ms.load(Ordering::Relaxed) => {
+                    Health::Overloaded
+                }
                 _ if t.probe_ok_streak >= cfg.healthy_threshold => Health::Healthy,
                 _ => current,
+            }
+        }
+        ProbeOutcome::Busy(waiting) => {
+            t.probe_ok_streak = 0;
+            t.probe_fail_streak = 0;
+            t.last_error = Some(format!("{waiting} requests waiting in the engine"));
+            match current {
+                Health::Draining | Health::Ejected | Health::Starting | Health::Down => current,
+                _ => Health::Overloaded,
             }
         }
         ProbeOutcome::Refused(why) | ProbeOutcome::Unhealthy(why) => {
@@ -132,13 +182,70 @@ pub fn apply(backend: &Backend, cfg: &HealthConfig, outcome: &ProbeOutcome) {
     if next == Health::Healthy {
         t.ever_healthy = true;
         t.live_fail_streak = 0;
+        // Re-admission (not the first sight, not the end of a short busy skip): slow start.
+        if matches!(current, Health::Ejected | Health::Down | Health::Loading)
+            || (current == Health::Starting && t.ejections > 0)
+        {
+            state.admitted_at_ms.store(now.max(1), Ordering::Relaxed);
+        }
     }
     if next != current {
         t.last_change_ms = now;
         drop(t);
         state.set_health(next);
-        tracing::info!(backend = backend.name(), from = current.as_str(), to = next.as_str(), "backend state changed");
+        tracing::info!(
+            backend = backend.name(),
+            from = current.as_str(),
+            to = next.as_str(),
+            "backend state changed"
+        );
     }
+}
+
+impl ProbeOutcome {
+    /// Low-cardinality label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ProbeOutcome::Ok { .. } => "ok",
+            ProbeOutcome::Busy(_) => "busy",
+            ProbeOutcome::Refused(_) => "refused",
+            ProbeOutcome::Unhealthy(_) => "unhealthy",
+        }
+    }
+}
+
+/// vLLM's `vllm:num_requests_waiting` (summed over models) from `/metrics`.
+async fn scrape_waiting(backend: &Backend, timeout: Duration) -> Option<u64> {
+    let (status, body) = tokio::time::timeout(timeout, get(backend, "/metrics"))
+        .await
+        .ok()?
+        .ok()?;
+    if !status.is_success() {
+        return None;
+    }
+    parse_waiting(&body)
+}
+
+/// Sum of the `vllm:num_requests_waiting` samples of a Prometheus text exposition.
+pub fn parse_waiting(body: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(body).ok()?;
+    let mut found = false;
+    let mut sum = 0f64;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("vllm:num_requests_waiting") else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue; // e.g. vllm:num_requests_waiting_by_reason
+        }
+        if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+            if v.is_finite() && v >= 0.0 {
+                sum += v;
+                found = true;
+            }
+        }
+    }
+    found.then_some(sum as u64)
 }
 
 /// Probe one backend the way its kind expects.
@@ -155,13 +262,19 @@ async fn probe_inner(backend: &Backend, discover: bool) -> ProbeOutcome {
         BackendKind::Tgi => ("/health", "/info"),
         BackendKind::Ollama => ("/", "/api/tags"),
         BackendKind::OpenAi => (
-            backend.config.health_path.as_deref().unwrap_or("/v1/models"),
+            backend
+                .config
+                .health_path
+                .as_deref()
+                .unwrap_or("/v1/models"),
             "/v1/models",
         ),
     };
     let body = match get(backend, health_path).await {
         Ok((status, body)) if status.is_success() => body,
-        Ok((status, _)) => return ProbeOutcome::Unhealthy(format!("{health_path} answered {status}")),
+        Ok((status, _)) => {
+            return ProbeOutcome::Unhealthy(format!("{health_path} answered {status}"))
+        }
         Err(e) => return e,
     };
     if !discover {
@@ -178,6 +291,14 @@ async fn probe_inner(backend: &Backend, discover: bool) -> ProbeOutcome {
             Err(e) => return e,
         }
     };
+    if backend.kind() == BackendKind::Tgi {
+        if let Some(n) = parse_tgi_limit(&body) {
+            backend
+                .state
+                .learned_max_concurrent
+                .store(n, Ordering::Relaxed);
+        }
+    }
     match parse_models(backend.kind(), models_path, &body) {
         Some(models) => ProbeOutcome::Ok {
             models: Some(models),
@@ -197,11 +318,12 @@ async fn get(backend: &Backend, path: &str) -> Result<(StatusCode, Bytes), Probe
     let req = req
         .body(Full::new(Bytes::new()))
         .map_err(|e| ProbeOutcome::Unhealthy(format!("bad probe request: {e}")))?;
-    let resp = backend
-        .client
-        .request(req)
-        .await
-        .map_err(|e| ProbeOutcome::Refused(format!("{path}: {}", crate::proxy::forward::describe_client_error(&e))))?;
+    let resp = backend.client.request(req).await.map_err(|e| {
+        ProbeOutcome::Refused(format!(
+            "{path}: {}",
+            crate::proxy::forward::describe_client_error(&e)
+        ))
+    })?;
     let status = resp.status();
     let body = Limited::new(resp.into_body(), MAX_PROBE_BODY)
         .collect()
@@ -223,6 +345,19 @@ struct OpenAiModel {
 struct TgiInfo {
     model_id: String,
 }
+
+#[derive(Deserialize)]
+struct TgiLimits {
+    max_concurrent_requests: Option<u64>,
+}
+
+/// TGI's announced concurrency limit from its `/info`.
+pub fn parse_tgi_limit(body: &[u8]) -> Option<u64> {
+    serde_json::from_slice::<TgiLimits>(body)
+        .ok()?
+        .max_concurrent_requests
+        .filter(|n| *n > 0)
+}
 #[derive(Deserialize)]
 struct OllamaTags {
     models: Vec<OllamaTag>,
@@ -239,6 +374,7 @@ pub fn parse_models(kind: BackendKind, path: &str, body: &[u8]) -> Option<Vec<St
             let info: TgiInfo = serde_json::from_slice(body).ok()?;
             Some(vec![info.model_id])
         }
+        (BackendKind::Tgi, _) => None,
         (BackendKind::Ollama, "/api/tags") => {
             let tags: OllamaTags = serde_json::from_slice(body).ok()?;
             Some(tags.models.into_iter().map(|m| m.name).collect())
@@ -257,11 +393,28 @@ mod tests {
     #[test]
     fn parses_each_kind_of_model_list() {
         let vllm = br#"{"object":"list","data":[{"id":"tiny","object":"model","owned_by":"vllm","max_model_len":1024}]}"#;
-        assert_eq!(parse_models(BackendKind::Vllm, "/v1/models", vllm).unwrap(), vec!["tiny"]);
+        assert_eq!(
+            parse_models(BackendKind::Vllm, "/v1/models", vllm).unwrap(),
+            vec!["tiny"]
+        );
         let tgi = br#"{"model_id":"bigscience/bloom-560m","max_concurrent_requests":128}"#;
-        assert_eq!(parse_models(BackendKind::Tgi, "/info", tgi).unwrap(), vec!["bigscience/bloom-560m"]);
+        assert_eq!(
+            parse_models(BackendKind::Tgi, "/info", tgi).unwrap(),
+            vec!["bigscience/bloom-560m"]
+        );
         let ollama = br#"{"models":[{"name":"llama3.2:latest","model":"llama3.2:latest"}]}"#;
-        assert_eq!(parse_models(BackendKind::Ollama, "/api/tags", ollama).unwrap(), vec!["llama3.2:latest"]);
+        assert_eq!(
+            parse_models(BackendKind::Ollama, "/api/tags", ollama).unwrap(),
+            vec!["llama3.2:latest"]
+        );
         assert!(parse_models(BackendKind::Vllm, "/v1/models", b"<html>").is_none());
+        assert_eq!(parse_tgi_limit(tgi), Some(128));
+    }
+
+    #[test]
+    fn reads_vllm_waiting_queue() {
+        let text = b"# HELP vllm:num_requests_waiting x\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 12.0\nvllm:num_requests_waiting_by_reason{reason=\"capacity\"} 99.0\nvllm:num_requests_running{model_name=\"m\"} 3.0\n";
+        assert_eq!(parse_waiting(text), Some(12));
+        assert_eq!(parse_waiting(b"other 1\n"), None);
     }
 }

@@ -2,10 +2,13 @@
 //!
 //! A [`LoadGuard`] adds one request and its expected tokens to a backend's counters when created
 //! and removes exactly that when dropped — on success, error, client disconnect or panic alike.
+//! A guard may also hold the gateway's [`WaitQueue`]: dropping it then hands the freed slot to
+//! the next waiting request.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::queue::WaitQueue;
 use super::BackendState;
 
 /// Holds one request's share of a backend's in-flight counters.
@@ -13,13 +16,24 @@ use super::BackendState;
 pub struct LoadGuard {
     state: Arc<BackendState>,
     tokens: u64,
+    wake: Option<Arc<WaitQueue>>,
 }
 
 impl LoadGuard {
     pub fn new(state: Arc<BackendState>, tokens: u64) -> Self {
         state.inflight_requests.fetch_add(1, Ordering::Relaxed);
         state.inflight_tokens.fetch_add(tokens, Ordering::Relaxed);
-        LoadGuard { state, tokens }
+        LoadGuard {
+            state,
+            tokens,
+            wake: None,
+        }
+    }
+
+    /// Wake the next request waiting in `queue` when this guard is dropped.
+    pub fn waking(mut self, queue: Arc<WaitQueue>) -> Self {
+        self.wake = Some(queue);
+        self
     }
 
     /// Tokens of this request still counted as in flight.
@@ -45,6 +59,9 @@ impl Drop for LoadGuard {
         self.state
             .inflight_tokens
             .fetch_sub(self.tokens, Ordering::Relaxed);
+        if let Some(q) = self.wake.take() {
+            q.slot_freed();
+        }
     }
 }
 

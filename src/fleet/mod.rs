@@ -6,13 +6,19 @@
 //! - [`load`]: RAII guards counting in-flight requests and tokens per backend.
 //! - [`health`]: per-kind active probes, model discovery and passive ejection.
 //! - [`registry`]: the set of backends of one config snapshot, and model resolution.
+//! - [`queue`]: the gateway-side wait queue (per-backend caps, fair by tenant, with a deadline).
+//! - [`registration`]: members announced at run time through the admin API, with a TTL.
+//! - [`discovery`]: members found by resolving a DNS name, re-resolved periodically.
 //!
 //! Invariants: a backend's state outlives config reloads as long as its name, kind and URL stay
 //! the same; load counters are only changed through guards, so every exit path releases them.
 
 pub mod backend;
+pub mod discovery;
 pub mod health;
 pub mod load;
+pub mod queue;
+pub mod registration;
 pub mod registry;
 
 pub use backend::{Backend, BackendState, Health};

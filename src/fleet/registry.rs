@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{Backend, BackendState};
-use crate::config::{Config, PolicyKind};
+use crate::config::{BackendConfig, Config, PolicyKind};
 
 /// The fleet of one config snapshot.
 #[derive(Debug, Default)]
@@ -40,8 +40,22 @@ pub struct ModelEntry {
 impl Fleet {
     /// Build the fleet for `config`, keeping the state of unchanged backends of `previous`.
     pub fn build(config: &Config, previous: Option<&Fleet>) -> Fleet {
-        let mut backends = Vec::with_capacity(config.backends.len());
-        for bc in &config.backends {
+        Fleet::build_with(config, &[], previous)
+    }
+
+    /// Like [`Fleet::build`], plus run-time members (registered, DNS-discovered) after the
+    /// configured backends; a member whose name is already taken is left out.
+    pub fn build_with(
+        config: &Config,
+        members: &[BackendConfig],
+        previous: Option<&Fleet>,
+    ) -> Fleet {
+        let mut backends: Vec<Arc<Backend>> =
+            Vec::with_capacity(config.backends.len() + members.len());
+        for bc in config.backends.iter().chain(members.iter()) {
+            if backends.iter().any(|b| b.name() == bc.name) {
+                continue;
+            }
             let state = previous
                 .and_then(|p| p.get(&bc.name))
                 .filter(|old| old.config.kind == bc.kind && old.config.url == bc.url)
@@ -164,7 +178,11 @@ model_names = { "llama-3.1-8b" = "llama3.1:8b" }
         let f = Fleet::build(&from_str(CFG, "t").unwrap(), None);
         let r = f.resolve("llama3").unwrap();
         assert_eq!(r.canonical, "llama-3.1-8b");
-        let names: Vec<_> = r.candidates.iter().map(|(b, n)| (b.name().to_string(), n.clone())).collect();
+        let names: Vec<_> = r
+            .candidates
+            .iter()
+            .map(|(b, n)| (b.name().to_string(), n.clone()))
+            .collect();
         assert_eq!(
             names,
             vec![

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! auth → body (capped) → fields → allow-list → resolve model → attempt loop:
-//!     pick backend → rewrite (model name, include_usage) → send
+//!     pick backend (all candidates at their cap → wait in the fair queue, bounded by
+//!     `queue.timeout`) → rewrite (model name, include_usage) → send
 //!     connect error / reset / TTFB timeout / 429 / 502 / 503 / 504  → next backend
 //!     any other status → answer the client (errors normalised to OpenAI's shape)
 //! → stream through [`observe::ObservedStream`] or buffer a non-streamed answer → settle
@@ -12,7 +13,10 @@
 //! - A request is retried on another backend only while nothing has been sent to the client;
 //!   attempts are bounded by `routing.max_attempts` and `routing.failover_deadline`.
 //! - The client's `Authorization` never reaches a backend (see [`headers`]).
-//! - Load counters are held by guards and released on every exit path.
+//! - Load counters are held by guards and released on every exit path; the guard of a capped
+//!   backend hands its freed slot to the next queued request.
+//! - A backend's busy answer (429/503) makes it skipped for its `Retry-After` (or a doubling
+//!   backoff) and `overloaded`; other retryable failures count towards its ejection.
 //! - No network input can panic this code; every failure is an [`ApiError`].
 
 pub mod forward;
@@ -45,8 +49,10 @@ use observe::{Edits, ObservedStream, Settle};
 const MAX_ERROR_BODY: usize = 256 * 1024;
 /// How long clients are told to wait when no backend can take their request.
 const NO_BACKEND_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// Skip a backend this long after a 429/503 without `Retry-After`.
-const DEFAULT_BUSY_SKIP: Duration = Duration::from_millis(500);
+/// While queued, route again at least this often (health changes free no slot).
+const QUEUE_RECHECK: Duration = Duration::from_millis(50);
+/// Upper bound on routing rounds of one queued request.
+const MAX_QUEUE_ROUNDS: u32 = 100_000;
 
 /// Handle one inference request end to end.
 pub async fn handle(gw: Arc<Gateway>, endpoint: Endpoint, req: Request<Body>) -> Response {
@@ -176,8 +182,23 @@ async fn proxy(
         if attempt > 0 && Instant::now() >= deadline {
             break;
         }
-        let Some(idx) = gw.router.pick(policy, &resolved.candidates, &tried, input) else {
-            break;
+        let idx = match pick_or_wait(
+            gw,
+            config,
+            policy,
+            &resolved.candidates,
+            &tried,
+            input,
+            &identity.tenant,
+        )
+        .await
+        {
+            Ok(Some(idx)) => idx,
+            Ok(None) => break,
+            Err(e) => {
+                last_failure = Some(e);
+                break;
+            }
         };
         tried.push(idx);
         if attempt > 0 {
@@ -210,7 +231,10 @@ async fn proxy(
         } else {
             timeouts.response
         };
-        let guard = LoadGuard::new(backend.state.clone(), expected_tokens);
+        let mut guard = LoadGuard::new(backend.state.clone(), expected_tokens);
+        if backend.cap().is_some() {
+            guard = guard.waking(gw.queue.clone());
+        }
         backend
             .state
             .requests_total
@@ -259,7 +283,7 @@ async fn proxy(
         if retryable_status(status) && attempt + 1 < config.routing.max_attempts {
             let after = retry_after(resp.headers());
             match status.as_u16() {
-                429 | 503 => backend.state.skip_for(after.unwrap_or(DEFAULT_BUSY_SKIP)),
+                429 | 503 => backend.state.record_busy(after),
                 _ => backend
                     .state
                     .record_live_failure(&config.health, false, status.as_str()),
@@ -272,7 +296,9 @@ async fn proxy(
             tracing::info!(request_id = %record.request_id, backend = backend.name(), status = status.as_u16(), "backend busy or failing; trying another");
             continue;
         }
-        if status.is_server_error() {
+        if matches!(status.as_u16(), 429 | 503) {
+            backend.state.record_busy(retry_after(resp.headers()));
+        } else if status.is_server_error() {
             backend
                 .state
                 .record_live_failure(&config.health, false, status.as_str());
@@ -387,6 +413,67 @@ async fn proxy(
     };
     err.headers.extend(limit_headers);
     Err(err)
+}
+
+/// Pick a backend; when every untried routable candidate is at its concurrency cap, wait in the
+/// gateway's fair queue (by tenant) for a slot, up to `queue.timeout`. `Ok(None)`: nothing is
+/// routable (or all were tried); `Err`: the queue is full or the wait timed out (503 +
+/// `Retry-After`).
+async fn pick_or_wait(
+    gw: &Gateway,
+    config: &crate::config::Config,
+    policy: crate::config::PolicyKind,
+    candidates: &[(Arc<crate::fleet::Backend>, String)],
+    tried: &[usize],
+    input: RouteInput,
+    tenant: &str,
+) -> Result<Option<usize>, ApiError> {
+    use crate::fleet::queue::QueueError;
+    use crate::routing::Router;
+    if let Some(i) = gw.router.pick(policy, candidates, tried, input) {
+        return Ok(Some(i));
+    }
+    if !Router::saturated(candidates, tried) {
+        return Ok(None);
+    }
+    let q = config.queue;
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + q.timeout;
+    let refuse = |reason: &'static str, why: QueueError| {
+        metrics::counter!(m::QUEUE_REJECTIONS_TOTAL, "reason" => reason).increment(1);
+        metrics::gauge!(m::QUEUE_DEPTH).set(gw.queue.len() as f64);
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            format!("Every backend for this model is at its concurrency limit ({why}). Please retry."),
+        )
+        .with_code(if reason == "full" { "queue_full" } else { "queue_timeout" })
+        .with_retry_after(NO_BACKEND_RETRY_AFTER)
+    };
+    let mut ticket = match gw.queue.enter(tenant, 1.0, q.size) {
+        Ok(t) => t,
+        Err(e) => return Err(refuse("full", e)),
+    };
+    metrics::gauge!(m::QUEUE_DEPTH).set(gw.queue.len() as f64);
+    for _ in 0..MAX_QUEUE_ROUNDS {
+        if let Err(e) = ticket.wait(deadline, QUEUE_RECHECK).await {
+            drop(ticket);
+            metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "timeout")
+                .record(started.elapsed().as_secs_f64());
+            return Err(refuse("timeout", e));
+        }
+        if let Some(i) = gw.router.pick(policy, candidates, tried, input) {
+            drop(ticket);
+            metrics::gauge!(m::QUEUE_DEPTH).set(gw.queue.len() as f64);
+            metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "routed")
+                .record(started.elapsed().as_secs_f64());
+            return Ok(Some(i));
+        }
+        if !Router::saturated(candidates, tried) {
+            return Ok(None);
+        }
+    }
+    Err(refuse("timeout", QueueError::Timeout))
 }
 
 /// An id for responses whose backend leaves it empty (TGI).

@@ -2,7 +2,11 @@
 //!
 //! A [`Router`] holds the per-policy state (the round-robin cursor) and picks from the
 //! candidates that are routable now and not yet tried by this request. Backends in a degraded
-//! state (overloaded, loading) are chosen only when no preferred one is left.
+//! state (overloaded, loading) are chosen only when no preferred one is left. A backend at its
+//! concurrency cap ([`Backend::has_slot`]) is not eligible (the proxy's wait queue covers that
+//! case), and a backend in slow start after re-admission takes part in a pick only with the
+//! probability of its current share ([`crate::fleet::BackendState::slow_start_share`]), so its
+//! traffic ramps up whatever the policy.
 //!
 //! Policies:
 //! - `round-robin`: the next candidate in turn.
@@ -12,8 +16,9 @@
 //! - `prefix-affinity`: rendezvous hashing of the conversation prefix, so repeated prefixes land
 //!   where their KV cache is warm; bounded by a load guard so a hot prefix cannot swamp a backend.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::config::PolicyKind;
 use crate::fleet::Backend;
@@ -37,11 +42,27 @@ const AFFINITY_SLACK: f64 = 2.0;
 #[derive(Debug, Default)]
 pub struct Router {
     cursor: AtomicUsize,
+    /// `health.slow_start` in milliseconds (0: off).
+    slow_start_ms: AtomicU64,
 }
 
 impl Router {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Set the slow-start window (from `health.slow_start`; zero turns it off).
+    pub fn set_slow_start(&self, d: Duration) {
+        self.slow_start_ms
+            .store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Whether some untried candidate is routable but at its concurrency cap: waiting for a
+    /// slot may help where routing found nothing.
+    pub fn saturated<T>(candidates: &[(Arc<Backend>, T)], tried: &[usize]) -> bool {
+        (0..candidates.len()).any(|i| {
+            !tried.contains(&i) && candidates[i].0.state.routable() && !candidates[i].0.has_slot()
+        })
     }
 
     /// Pick a candidate, skipping `tried` (indices into `candidates`). Returns its index.
@@ -52,24 +73,44 @@ impl Router {
         tried: &[usize],
         input: RouteInput,
     ) -> Option<usize> {
-        let eligible: Vec<usize> = (0..candidates.len())
-            .filter(|i| !tried.contains(i) && candidates[*i].0.state.routable())
+        let mut eligible: Vec<usize> = (0..candidates.len())
+            .filter(|i| {
+                !tried.contains(i) && candidates[*i].0.state.routable() && candidates[*i].0.has_slot()
+            })
             .collect();
         if eligible.is_empty() {
             return None;
+        }
+        let slow_start = Duration::from_millis(self.slow_start_ms.load(Ordering::Relaxed));
+        if eligible.len() > 1 && !slow_start.is_zero() {
+            let kept: Vec<usize> = eligible
+                .iter()
+                .copied()
+                .filter(|i| {
+                    let share = candidates[*i].0.state.slow_start_share(slow_start);
+                    share >= 1.0 || rand::random::<f64>() < share
+                })
+                .collect();
+            if !kept.is_empty() {
+                eligible = kept;
+            }
         }
         let preferred: Vec<usize> = eligible
             .iter()
             .copied()
             .filter(|i| candidates[*i].0.state.health().preferred())
             .collect();
-        let pool = if preferred.is_empty() { eligible } else { preferred };
+        let pool = if preferred.is_empty() {
+            eligible
+        } else {
+            preferred
+        };
         let backends: Vec<&Backend> = pool.iter().map(|i| candidates[*i].0.as_ref()).collect();
         let chosen = match policy {
             PolicyKind::RoundRobin => self.cursor.fetch_add(1, Ordering::Relaxed) % pool.len(),
-            PolicyKind::LeastRequest => argmin(&backends, |b| {
-                load_of(b) / f64::from(b.config.weight)
-            }),
+            PolicyKind::LeastRequest => {
+                argmin(&backends, |b| load_of(b) / f64::from(b.config.weight))
+            }
             PolicyKind::TokenAware => argmin(&backends, |b| {
                 let tokens = b.state.inflight_tokens.load(Ordering::Relaxed) as f64;
                 (tokens + input.tokens as f64) / f64::from(b.config.weight)
@@ -158,24 +199,70 @@ mod tests {
                     health_path: None,
                     timeouts: Timeouts::default(),
                 };
-                (Arc::new(Backend::new(cfg, Arc::new(BackendState::new()))), "m".to_string())
+                (
+                    Arc::new(Backend::new(cfg, Arc::new(BackendState::new()))),
+                    "m".to_string(),
+                )
             })
             .collect()
     }
 
-    const INPUT: RouteInput = RouteInput { tokens: 100, prefix_hash: None };
+    const INPUT: RouteInput = RouteInput {
+        tokens: 100,
+        prefix_hash: None,
+    };
 
     #[test]
     fn round_robin_cycles_and_skips_tried_and_down() {
         let c = backends(3);
         let r = Router::new();
-        let picks: Vec<_> = (0..6).map(|_| r.pick(PolicyKind::RoundRobin, &c, &[], INPUT).unwrap()).collect();
+        let picks: Vec<_> = (0..6)
+            .map(|_| r.pick(PolicyKind::RoundRobin, &c, &[], INPUT).unwrap())
+            .collect();
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
         c[1].0.state.set_health(Health::Down);
         for _ in 0..4 {
             assert_ne!(r.pick(PolicyKind::RoundRobin, &c, &[0], INPUT), Some(1));
         }
         assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[0, 2], INPUT), None);
+    }
+
+    #[test]
+    fn capped_backend_is_skipped_until_a_slot_frees() {
+        let mut c = backends(2);
+        let mut cfg = c[0].0.config.clone();
+        cfg.max_concurrent = Some(1);
+        c[0].0 = Arc::new(Backend::new(cfg, c[0].0.state.clone()));
+        let r = Router::new();
+        let g = LoadGuard::new(c[0].0.state.clone(), 1);
+        for _ in 0..4 {
+            assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[], INPUT), Some(1));
+        }
+        assert!(Router::saturated(&c, &[1]));
+        assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[1], INPUT), None);
+        drop(g);
+        assert!(!Router::saturated(&c, &[1]));
+        assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[1], INPUT), Some(0));
+    }
+
+    #[test]
+    fn slow_start_ramps_a_readmitted_backends_share() {
+        let c = backends(2);
+        let r = Router::new();
+        r.set_slow_start(Duration::from_secs(60));
+        c[0].0
+            .state
+            .admitted_at_ms
+            .store(crate::fleet::backend::now_ms().max(1), Ordering::Relaxed);
+        let n = 2000;
+        let to_new = (0..n)
+            .filter(|_| r.pick(PolicyKind::RoundRobin, &c, &[], INPUT) == Some(0))
+            .count();
+        // fair share is 1/2; at the start of its ramp it gets about 10% of that
+        let share = to_new as f64 / n as f64;
+        assert!(share < 0.15, "share {share}");
+        // alone, it still gets everything
+        assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[1], INPUT), Some(0));
     }
 
     #[test]
@@ -193,7 +280,9 @@ mod tests {
     fn token_aware_avoids_the_backend_with_more_tokens_in_flight() {
         let c = backends(2);
         let _busy = LoadGuard::new(c[0].0.state.clone(), 30_000);
-        let _many_small = (0..3).map(|_| LoadGuard::new(c[1].0.state.clone(), 100)).collect::<Vec<_>>();
+        let _many_small = (0..3)
+            .map(|_| LoadGuard::new(c[1].0.state.clone(), 100))
+            .collect::<Vec<_>>();
         let r = Router::new();
         assert_eq!(r.pick(PolicyKind::TokenAware, &c, &[], INPUT), Some(1));
         // least-request counts requests, not tokens, and picks the other one
@@ -204,14 +293,27 @@ mod tests {
     fn affinity_is_sticky_bounded_and_moves_few_keys() {
         let c = backends(4);
         let r = Router::new();
-        let input = |h| RouteInput { tokens: 10, prefix_hash: Some(h) };
-        let first = r.pick(PolicyKind::PrefixAffinity, &c, &[], input(42)).unwrap();
+        let input = |h| RouteInput {
+            tokens: 10,
+            prefix_hash: Some(h),
+        };
+        let first = r
+            .pick(PolicyKind::PrefixAffinity, &c, &[], input(42))
+            .unwrap();
         for _ in 0..5 {
-            assert_eq!(r.pick(PolicyKind::PrefixAffinity, &c, &[], input(42)), Some(first));
+            assert_eq!(
+                r.pick(PolicyKind::PrefixAffinity, &c, &[], input(42)),
+                Some(first)
+            );
         }
         // load guard: swamp the sticky backend
-        let _g: Vec<_> = (0..20).map(|_| LoadGuard::new(c[first].0.state.clone(), 10)).collect();
-        assert_ne!(r.pick(PolicyKind::PrefixAffinity, &c, &[], input(42)), Some(first));
+        let _g: Vec<_> = (0..20)
+            .map(|_| LoadGuard::new(c[first].0.state.clone(), 10))
+            .collect();
+        assert_ne!(
+            r.pick(PolicyKind::PrefixAffinity, &c, &[], input(42)),
+            Some(first)
+        );
         drop(_g);
 
         // removing one backend of 4 moves only the keys that lived on it (~1/4)
@@ -220,8 +322,12 @@ mod tests {
         let keys = 2000u64;
         let mut moved = 0;
         for k in 0..keys {
-            let a = r.pick(PolicyKind::PrefixAffinity, &five, &[], input(k)).unwrap();
-            let b = r.pick(PolicyKind::PrefixAffinity, &four, &[], input(k)).unwrap();
+            let a = r
+                .pick(PolicyKind::PrefixAffinity, &five, &[], input(k))
+                .unwrap();
+            let b = r
+                .pick(PolicyKind::PrefixAffinity, &four, &[], input(k))
+                .unwrap();
             if a != b {
                 moved += 1;
                 assert_eq!(a, 4, "only keys of the removed backend may move");

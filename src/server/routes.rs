@@ -52,7 +52,12 @@ pub fn admin(gw: Arc<Gateway>) -> Router {
 fn ops_routes() -> Router<Arc<Gateway>> {
     Router::new()
         .route("/metrics", get(metrics))
-        .route("/admin/backends", get(admin_backends))
+        .route("/admin/backends", get(admin_backends).post(register_backend))
+        .route(
+            "/admin/backends/{name}",
+            axum::routing::delete(deregister_backend),
+        )
+        .route("/admin/backends/{name}/heartbeat", post(heartbeat_backend))
         .route("/admin/usage", get(admin_usage))
 }
 
@@ -122,8 +127,10 @@ async fn get_model(
         .into_iter()
         .find(|m| m.id == id && identity.allows(&rt.fleet, &m.id));
     match found {
-        Some(m) => Json(json!({"id": m.id, "object": "model", "created": unix_now(), "owned_by": m.owned_by}))
-            .into_response(),
+        Some(m) => Json(
+            json!({"id": m.id, "object": "model", "created": unix_now(), "owned_by": m.owned_by}),
+        )
+        .into_response(),
         None => ApiError::model_not_found(&id).into_response(),
     }
 }
@@ -157,9 +164,13 @@ fn admin_allowed(gw: &Gateway, headers: &HeaderMap) -> Result<(), Response> {
     if presented.as_bytes().ct_eq(token.as_bytes()).into() {
         Ok(())
     } else {
-        Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", "admin token required")
-            .with_code("invalid_admin_token")
-            .into_response())
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "admin token required",
+        )
+        .with_code("invalid_admin_token")
+        .into_response())
     }
 }
 
@@ -174,6 +185,13 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
             .set(b.state.inflight_requests.load(Ordering::Relaxed) as f64);
         metrics::gauge!(m::BACKEND_INFLIGHT_TOKENS, "backend" => name.clone())
             .set(b.state.inflight_tokens.load(Ordering::Relaxed) as f64);
+        metrics::counter!(m::EJECTIONS_TOTAL, "backend" => name.clone())
+            .absolute(u64::from(b.state.track().ejections));
+        if let Some(cap) = b.cap() {
+            metrics::gauge!(m::BACKEND_MAX_CONCURRENT, "backend" => name.clone()).set(cap as f64);
+        }
+        metrics::gauge!(m::BACKEND_SLOW_START_SHARE, "backend" => name.clone())
+            .set(b.state.slow_start_share(rt.config.health.slow_start));
         let current = b.state.health();
         for h in Health::ALL {
             metrics::gauge!(m::BACKEND_STATE, "backend" => name.clone(), "state" => h.as_str())
@@ -182,11 +200,15 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
     }
     let body = m::handle().render();
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         body,
     )
         .into_response()
 }
+
 /// Usage per key, tenant, model and backend since the process started (survives reloads).
 async fn admin_usage(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     if let Err(r) = admin_allowed(&gw, &headers) {
@@ -194,7 +216,6 @@ async fn admin_usage(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Resp
     }
     Json(gw.limits.usage_report()).into_response()
 }
-
 
 async fn admin_backends(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     if let Err(r) = admin_allowed(&gw, &headers) {
@@ -224,8 +245,117 @@ async fn admin_backends(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> R
                 "skipped_for_ms": b.state.skip_until_ms.load(Ordering::Relaxed).saturating_sub(now),
                 "last_error": t.last_error,
                 "weight": b.config.weight,
+                "max_concurrent": b.cap(),
+                "slow_start_share": b.state.slow_start_share(rt.config.health.slow_start),
+                "engine_waiting": b.state.engine_waiting.load(Ordering::Relaxed),
+                "ever_healthy": t.ever_healthy,
+                "probe_ok_streak": t.probe_ok_streak,
+                "probe_fail_streak": t.probe_fail_streak,
+                "busy_streak": t.busy_streak,
+                "state_for_ms": now.saturating_sub(t.last_change_ms),
+                "last_probe_ms_ago": (t.last_probe_ms > 0).then(|| now.saturating_sub(t.last_probe_ms)),
+                "source": member_source(&gw, &rt, b.name()),
+                "registration": gw.registrations.info(b.name()).map(|r| json!({
+                    "ttl_ms": r.ttl.as_millis() as u64,
+                    "expires_in_ms": r.expires_in.as_millis() as u64,
+                })),
             })
         })
         .collect();
-    Json(json!({ "backends": backends })).into_response()
+    Json(json!({ "backends": backends, "queue_depth": gw.queue.len() })).into_response()
+}
+
+/// Where a fleet member comes from: `config`, `registration` or `dns`.
+fn member_source(gw: &Gateway, rt: &crate::gateway::Runtime, name: &str) -> &'static str {
+    if rt.config.backends.iter().any(|b| b.name == name) {
+        "config"
+    } else if gw.registrations.info(name).is_some() {
+        "registration"
+    } else {
+        "dns"
+    }
+}
+
+/// `POST /admin/backends`: register (or re-register) a backend with a TTL.
+async fn register_backend(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    use crate::fleet::registration::{RegisterError, RegisterRequest};
+    if let Err(r) = admin_allowed(&gw, &headers) {
+        return r;
+    }
+    let req: RegisterRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return ApiError::bad_request(format!("Invalid registration: {e}")).into_response()
+        }
+    };
+    let rt = gw.runtime();
+    let (config, ttl) = match req.validate(&rt.config) {
+        Ok(v) => v,
+        Err(e @ RegisterError::Conflict(_)) => {
+            return ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+                .with_code("backend_name_taken")
+                .into_response()
+        }
+        Err(e) => return ApiError::bad_request(e.to_string()).into_response(),
+    };
+    let name = config.name.clone();
+    let changed = gw.registrations.register(config, ttl);
+    if changed {
+        metrics::counter!(m::MEMBERSHIP_CHANGES_TOTAL, "source" => "registration").increment(1);
+        tracing::info!(backend = %name, ttl_ms = ttl.as_millis() as u64, "backend registered");
+        gw.rebuild();
+    }
+    let status = if changed { StatusCode::CREATED } else { StatusCode::OK };
+    (
+        status,
+        Json(json!({"name": name, "ttl_ms": ttl.as_millis() as u64})),
+    )
+        .into_response()
+}
+
+/// `POST /admin/backends/{name}/heartbeat`: extend a registration by its TTL.
+async fn heartbeat_backend(
+    State(gw): State<Arc<Gateway>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = admin_allowed(&gw, &headers) {
+        return r;
+    }
+    match gw.registrations.heartbeat(&name) {
+        Some(ttl) => Json(json!({"name": name, "ttl_ms": ttl.as_millis() as u64})).into_response(),
+        None => not_registered(&name),
+    }
+}
+
+/// `DELETE /admin/backends/{name}`: deregister; the backend drains (in-flight requests finish).
+async fn deregister_backend(
+    State(gw): State<Arc<Gateway>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = admin_allowed(&gw, &headers) {
+        return r;
+    }
+    if !gw.registrations.deregister(&name) {
+        return not_registered(&name);
+    }
+    metrics::counter!(m::MEMBERSHIP_CHANGES_TOTAL, "source" => "deregistration").increment(1);
+    tracing::info!(backend = %name, "backend deregistered; draining");
+    gw.rebuild();
+    StatusCode::NO_CONTENT.into_response()
+}
+
+fn not_registered(name: &str) -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("No registered backend named `{name}` (it may have expired; register again)."),
+    )
+    .with_code("backend_not_registered")
+    .into_response()
 }

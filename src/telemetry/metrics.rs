@@ -19,6 +19,22 @@ pub const BACKEND_INFLIGHT_TOKENS: &str = "sluice_backend_inflight_tokens";
 pub const BACKEND_STATE: &str = "sluice_backend_state";
 pub const FAILOVERS_TOTAL: &str = "sluice_failovers_total";
 pub const STREAM_INTERRUPTIONS_TOTAL: &str = "sluice_stream_interruptions_total";
+/// Active health probes by `backend` and `result` (ok|busy|refused|unhealthy).
+pub const PROBES_TOTAL: &str = "sluice_backend_probes_total";
+/// Ejections by live-traffic failures, per `backend`.
+pub const EJECTIONS_TOTAL: &str = "sluice_backend_ejections_total";
+/// Concurrency cap in force per `backend` (configured or learned; absent = none).
+pub const BACKEND_MAX_CONCURRENT: &str = "sluice_backend_max_concurrent";
+/// Share of its fair traffic a `backend` in slow start may take (1 = full).
+pub const BACKEND_SLOW_START_SHARE: &str = "sluice_backend_slow_start_share";
+/// Requests waiting in the gateway-side queue for a backend slot.
+pub const QUEUE_DEPTH: &str = "sluice_queue_depth";
+/// Time spent in the wait queue, by `outcome` (routed|timeout).
+pub const QUEUE_WAIT_SECONDS: &str = "sluice_queue_wait_seconds";
+/// Requests refused by the wait queue, by `reason` (full|timeout).
+pub const QUEUE_REJECTIONS_TOTAL: &str = "sluice_queue_rejections_total";
+/// Run-time membership changes, by `source` (registration|expiry|dns|deregistration).
+pub const MEMBERSHIP_CHANGES_TOTAL: &str = "sluice_membership_changes_total";
 /// Requests refused by a tenant limit; labels `tenant`, `scope` (key|tenant), `limit`
 /// (requests|tokens|concurrency|daily_tokens|monthly_tokens|unavailable).
 pub const RATELIMIT_REJECTIONS_TOTAL: &str = "sluice_ratelimit_rejections_total";
@@ -48,6 +64,11 @@ pub fn handle() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+/// Count one health probe result.
+pub fn probe_result(backend: &str, result: &'static str) {
+    metrics::counter!(PROBES_TOTAL, "backend" => backend.to_string(), "result" => result).increment(1);
 }
 
 /// `2xx`, `4xx`, `5xx`.
