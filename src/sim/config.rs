@@ -131,6 +131,9 @@ pub struct SimConfig {
     pub embedding_dim: usize,
     /// Fault active at start-up (normally healthy).
     pub fault: Fault,
+    /// `run` only: 1 = serve on a dedicated thread with a single-threaded runtime (the fastest
+    /// on small machines: no cross-thread wake-ups); 0 = serve on the caller's runtime.
+    pub threads: usize,
 }
 
 impl SimConfig {
@@ -175,6 +178,7 @@ impl SimConfig {
             preloaded: false,
             embedding_dim: 384,
             fault: Fault::healthy(),
+            threads: 0,
         }
     }
 
@@ -253,6 +257,11 @@ impl SimConfig {
         self.timing.max_output_tokens = max;
         self
     }
+    /// `run` only: 1 = a dedicated single-threaded runtime, 0 = the caller's runtime.
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
     /// Fault active at start-up.
     pub fn fault(mut self, fault: Fault) -> Self {
         self.fault = fault;
@@ -296,6 +305,11 @@ impl SimConfig {
         if self.max_model_len == 0 || self.max_concurrent_requests == 0 {
             return Err(SimError::Config(
                 "--max-model-len and --max-concurrent-requests must be > 0".into(),
+            ));
+        }
+        if self.threads > 1 {
+            return Err(SimError::Config(
+                "--threads must be 0 (shared runtime) or 1 (dedicated thread)".into(),
             ));
         }
         if self.kind == SimKind::Ollama {
@@ -415,6 +429,10 @@ pub struct SimArgs {
     /// `loading` / `refuse` fault: duration in seconds.
     #[arg(long)]
     pub fault_seconds: Option<f64>,
+    /// 1 = serve on one dedicated thread (default, fastest on small machines); 0 = share the
+    /// process runtime.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
 }
 
 fn parse_kind(s: &str) -> Result<SimKind, String> {
@@ -477,6 +495,7 @@ impl SimArgs {
             c.keep_alive = v;
         }
         c.preloaded = self.preloaded;
+        c.threads = self.threads;
         c.fault = Fault::from_parts(
             self.fault,
             self.fault_factor,

@@ -108,6 +108,9 @@ impl Gen {
         c.tokens_out
             .fetch_add(u64::from(self.plan.completion_tokens()), Relaxed);
         c.infer_success.fetch_add(1, Relaxed);
+        if self.sim.config.kind != super::config::SimKind::Tgi {
+            return;
+        }
         c.tgi_duration
             .observe(now.saturating_duration_since(self.started).as_secs_f64());
         c.tgi_input_length

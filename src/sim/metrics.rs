@@ -36,6 +36,9 @@ impl Histogram {
             self.buckets[i].fetch_add(1, Relaxed);
         }
         self.count.fetch_add(1, Relaxed);
+        if v == 0.0 {
+            return;
+        }
         let mut cur = self.sum_bits.load(Relaxed);
         loop {
             let new = (f64::from_bits(cur) + v).to_bits();

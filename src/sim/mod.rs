@@ -98,6 +98,10 @@ pub(crate) fn unix_now_f64() -> f64 {
 }
 
 /// Serve the simulator on `listener` until `shutdown` completes.
+///
+/// With `config.threads == 1` the simulator runs on its own OS thread with a single-threaded
+/// tokio runtime (the caller's task just waits for `shutdown`); with 0 it runs on the caller's
+/// runtime.
 pub async fn run(
     listener: TcpListener,
     config: SimConfig,
@@ -111,8 +115,43 @@ pub async fn run(
         speed = config.speed,
         "simulator listening"
     );
-    let sim = Arc::new(server::Sim::new(config));
-    server::serve(listener, sim, shutdown).await
+    if config.threads != 1 {
+        let sim = Arc::new(server::Sim::new(config));
+        return server::serve(listener, sim, shutdown).await;
+    }
+    let std_listener = listener.into_std()?;
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let (done_tx, done_rx) = oneshot::channel::<Result<(), SimError>>();
+    std::thread::Builder::new()
+        .name("sluice-sim".into())
+        .spawn(move || {
+            let result = (|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                rt.block_on(async move {
+                    let listener = TcpListener::from_std(std_listener)?;
+                    let sim = Arc::new(server::Sim::new(config));
+                    server::serve(listener, sim, async move {
+                        let _ = stop_rx.await;
+                    })
+                    .await
+                })
+            })();
+            let _ = done_tx.send(result);
+        })?;
+    tokio::pin!(shutdown);
+    tokio::pin!(done_rx);
+    tokio::select! {
+        _ = &mut shutdown => {
+            let _ = stop_tx.send(());
+            match done_rx.await {
+                Ok(r) => r,
+                Err(_) => Ok(()),
+            }
+        }
+        r = &mut done_rx => r.unwrap_or(Ok(())),
+    }
 }
 
 /// A simulator running in a tokio task; dropping the handle stops it.

@@ -430,6 +430,7 @@ async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         max,
         t.min_output_tokens,
         t.max_output_tokens,
+        sim.needs_prompt_ids(),
     );
     let load = ensure_loaded(sim, idx).await;
     let load_ns = load.as_nanos() as u64;
@@ -689,6 +690,7 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         max,
         t.min_output_tokens,
         t.max_output_tokens,
+        sim.needs_prompt_ids(),
     );
     ensure_loaded(sim, idx).await;
     let ctx = Ctx::new(Surface::Ollama, chat, &name);

@@ -140,6 +140,11 @@ impl Sim {
         }
     }
 
+    /// Whether plans need prompt token ids (the scheduler's prefix cache, Ollama's `context`).
+    pub(crate) fn needs_prompt_ids(&self) -> bool {
+        self.config.speed > 0.0 || self.config.kind == SimKind::Ollama
+    }
+
     /// Time scale for simulator-side delays (load time); `None` at speed 0.
     pub(crate) fn scaled(&self, d: Duration) -> Option<Duration> {
         if self.config.speed <= 0.0 {

@@ -230,7 +230,9 @@ impl Finish {
 pub(crate) struct Plan {
     pub words: Vec<u16>,
     pub finish: Finish,
+    /// Prompt token ids (empty when the caller did not need them: speed 0, no scheduler).
     pub prompt_ids: Vec<u32>,
+    pub prompt_len: u32,
 }
 
 impl Plan {
@@ -242,8 +244,15 @@ impl Plan {
         max_tokens: Option<u32>,
         min_len: u32,
         max_len: u32,
+        need_ids: bool,
     ) -> Plan {
-        let prompt_ids = tokenize(prompt);
+        let (prompt_ids, prompt_len) = if need_ids {
+            let ids = tokenize(prompt);
+            let n = ids.len() as u32;
+            (ids, n)
+        } else {
+            (Vec::new(), count_tokens(prompt) as u32)
+        };
         let mut rng = SplitMix::new(
             seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
                 ^ fnv1a(model.as_bytes()).rotate_left(17)
@@ -262,11 +271,12 @@ impl Plan {
             words,
             finish,
             prompt_ids,
+            prompt_len,
         }
     }
 
     pub(crate) fn prompt_tokens(&self) -> u32 {
-        self.prompt_ids.len() as u32
+        self.prompt_len
     }
     pub(crate) fn completion_tokens(&self) -> u32 {
         self.words.len() as u32
@@ -311,7 +321,7 @@ mod tests {
 
     #[test]
     fn generated_text_round_trips_through_the_tokenizer() {
-        let p = Plan::new(7, "m", "hello there", Some(50), 16, 128);
+        let p = Plan::new(7, "m", "hello there", Some(50), 16, 128, true);
         let text = p.text(0, p.words.len());
         assert_eq!(count_tokens(&text), p.words.len());
         assert_eq!(tokenize(&text).len(), p.words.len());
@@ -319,9 +329,9 @@ mod tests {
 
     #[test]
     fn same_seed_same_text() {
-        let a = Plan::new(1, "m", "x", None, 4, 40);
-        let b = Plan::new(1, "m", "x", None, 4, 40);
-        let c = Plan::new(2, "m", "x", None, 4, 40);
+        let a = Plan::new(1, "m", "x", None, 4, 40, false);
+        let b = Plan::new(1, "m", "x", None, 4, 40, false);
+        let c = Plan::new(2, "m", "x", None, 4, 40, false);
         assert_eq!(a.words, b.words);
         assert_ne!(a.words, c.words);
     }

@@ -330,6 +330,7 @@ async fn generate(sim: &Arc<Sim>, req: Request<Incoming>, kind: Native) -> Respo
         Some(cap),
         t.min_output_tokens,
         t.max_output_tokens,
+        sim.needs_prompt_ids(),
     );
     let Ok(mut gen) = Gen::start(sim, 0, plan, None) else {
         return overloaded_response(sim);
@@ -516,6 +517,7 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         Some(cap),
         t.min_output_tokens,
         t.max_output_tokens,
+        sim.needs_prompt_ids(),
     );
     let ctx = Ctx::new(Surface::Tgi, chat, &echo);
     let opts = RespondOpts {

@@ -391,6 +391,7 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         Some(cap),
         t.min_output_tokens,
         t.max_output_tokens,
+        sim.needs_prompt_ids(),
     );
     let ctx = Ctx::new(Surface::Vllm, true, model);
     let opts = RespondOpts {
@@ -463,6 +464,7 @@ async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody
         Some(cap),
         t.min_output_tokens,
         t.max_output_tokens,
+        sim.needs_prompt_ids(),
     );
     let ctx = Ctx::new(Surface::Vllm, false, model);
     let opts = RespondOpts {

@@ -1,0 +1,89 @@
+//! `sluice sim` arguments and `SimConfig` validation.
+
+use clap::Parser;
+use sluice::sim::{FaultMode, SimArgs, SimConfig, SimKind};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: SimArgs,
+}
+
+fn parse(args: &[&str]) -> Result<SimConfig, String> {
+    let mut v = vec!["sim"];
+    v.extend_from_slice(args);
+    let cli = Cli::try_parse_from(v).map_err(|e| e.to_string())?;
+    cli.args.into_config().map_err(|e| e.to_string())
+}
+
+#[test]
+fn cli_flags_map_to_the_config() {
+    let c = parse(&[
+        "--kind",
+        "ollama",
+        "--port",
+        "11434",
+        "--model",
+        "llama3.2",
+        "--model",
+        "qwen:0.5b",
+        "--speed",
+        "0",
+        "--parallel",
+        "4",
+        "--max-queue",
+        "8",
+        "--load-time",
+        "2.5",
+        "--fault",
+        "error_rate",
+        "--fault-rate",
+        "0.25",
+    ])
+    .unwrap();
+    assert_eq!(c.kind, SimKind::Ollama);
+    assert_eq!(c.port, 11434);
+    assert_eq!(c.models, ["llama3.2:latest", "qwen:0.5b"]);
+    assert_eq!(c.speed, 0.0);
+    assert_eq!(c.timing.max_num_seqs, 4);
+    assert_eq!(c.max_queue, 8);
+    assert_eq!(c.load_time.as_millis(), 2500);
+    assert_eq!(c.fault.mode, FaultMode::ErrorRate);
+    assert_eq!(c.fault.rate, 0.25);
+    assert_eq!(c.bind_addr().to_string(), "127.0.0.1:11434");
+}
+
+#[test]
+fn defaults_follow_each_engine() {
+    let v = parse(&["--kind", "vllm", "--model", "m"]).unwrap();
+    assert_eq!(v.timing.max_num_seqs, 256);
+    assert_eq!(v.speed, 1.0);
+    let t = parse(&["--kind", "tgi", "--model", "m"]).unwrap();
+    assert_eq!(t.max_concurrent_requests, 128);
+    let o = parse(&["--kind", "ollama", "--model", "m"]).unwrap();
+    assert_eq!(o.timing.max_num_seqs, 1);
+    assert_eq!(o.max_queue, 512);
+    assert_eq!(o.keep_alive.as_secs(), 300);
+}
+
+#[test]
+fn bad_values_are_rejected() {
+    assert!(parse(&["--kind", "llamafile", "--model", "m"]).is_err());
+    assert!(parse(&["--kind", "vllm"]).is_err(), "a model is required");
+    assert!(parse(&["--kind", "vllm", "--model", "m", "--speed", "-1"]).is_err());
+    assert!(parse(&["--kind", "vllm", "--model", "m", "--fault", "nope"]).is_err());
+    assert!(parse(&[
+        "--kind",
+        "vllm",
+        "--model",
+        "m",
+        "--fault",
+        "error_rate",
+        "--fault-rate",
+        "3"
+    ])
+    .is_err());
+    assert!(parse(&["--kind", "vllm", "--model", "m", "--model", "m"]).is_err());
+    assert_eq!("TGI".parse::<SimKind>().unwrap(), SimKind::Tgi);
+    assert_eq!(SimKind::Ollama.to_string(), "ollama");
+}

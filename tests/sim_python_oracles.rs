@@ -1,0 +1,81 @@
+//! Official Python clients (`openai`, `ollama`, `text-generation`) as oracles against the three
+//! personalities: runs tests/python/sim_oracles.py with the interpreter at `SLUICE_PYTHON` or
+//! `./.venv/bin/python`. Without an interpreter or the packages it prints a SKIP line and
+//! passes, unless `CI` is set, in which case it fails.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sluice::sim::{spawn, SimConfig, SimKind};
+
+fn interpreter() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("SLUICE_PYTHON") {
+        return Some(PathBuf::from(p));
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    venv.exists().then_some(venv)
+}
+
+fn skip(why: &str) {
+    if std::env::var_os("CI").is_some() {
+        panic!("python oracle tests cannot run under CI: {why}");
+    }
+    println!("SKIP sim_python_oracles: {why}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_clients_accept_the_simulators() {
+    let Some(py) = interpreter() else {
+        return skip("no interpreter (set SLUICE_PYTHON or create ./.venv)");
+    };
+    let probe = tokio::process::Command::new(&py)
+        .args(["-c", "import openai, ollama, text_generation"])
+        .output()
+        .await;
+    match probe {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            return skip(&format!(
+                "packages missing (pip install openai ollama text-generation): {}",
+                String::from_utf8_lossy(&o.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            ))
+        }
+        Err(e) => return skip(&format!("cannot run {}: {e}", py.display())),
+    }
+    let vllm = spawn(SimConfig::new(SimKind::Vllm, vec!["tiny".into()]).speed(50.0))
+        .await
+        .unwrap();
+    let tgi = spawn(SimConfig::new(SimKind::Tgi, vec!["bigscience/bloom-560m".into()]).speed(50.0))
+        .await
+        .unwrap();
+    let ollama = spawn(
+        SimConfig::new(SimKind::Ollama, vec!["llama3.2".into()])
+            .speed(50.0)
+            .load_time(Duration::from_millis(200)),
+    )
+    .await
+    .unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/sim_oracles.py");
+    let run = tokio::process::Command::new(&py)
+        .arg(&script)
+        .env("SIM_VLLM_URL", vllm.url())
+        .env("SIM_TGI_URL", tgi.url())
+        .env("SIM_OLLAMA_URL", ollama.url())
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("oracle script timed out")
+        .expect("run oracle script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success() && stdout.contains("ALL ORACLE CHECKS PASSED"),
+        "oracle checks failed:\n{stdout}\n{stderr}"
+    );
+}
