@@ -1,0 +1,143 @@
+//! Limits shared across gateway replicas through a real Redis (started here on a free port).
+//! Skips, saying so, when `redis-server` is not installed — unless `CI` is set.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{backend, chat_body, client, TestGateway};
+use futures_util::future::join_all;
+use sluice::sim::{SimConfig, SimKind};
+
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A fresh redis-server, or `None` (skip) when the binary is missing outside CI.
+async fn redis() -> Option<Redis> {
+    let port = free_port();
+    let spawned = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("redis-server is required in CI: {e}");
+            }
+            eprintln!("SKIP: redis-server not found ({e}); install redis-server to run this test");
+            return None;
+        }
+    };
+    let r = Redis { child, port };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Some(r)
+}
+
+async fn post(c: &reqwest::Client, url: String, key: &str) -> u16 {
+    c.post(url)
+        .bearer_auth(key)
+        .json(&chat_body("m", false, 5))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_one_exact_limit() {
+    let Some(redis) = redis().await else { return };
+    let sim = sluice::sim::spawn(SimConfig::new(SimKind::Vllm, vec!["m".into()]).speed(0.0))
+        .await
+        .unwrap();
+    let (key, hash) = sluice::auth::mint();
+    let toml = format!(
+        "{}\n[[keys]]\nname = \"k\"\nhash = \"{hash}\"\nrequests_per_minute = 25\n[limits]\nredis_url = \"redis://127.0.0.1:{}/\"\nfail_open = false\n",
+        backend("b", "vllm", &sim.url(), &["m"]),
+        redis.port
+    );
+    let a = TestGateway::start_healthy(&toml).await;
+    let b = TestGateway::start_healthy(&toml).await;
+    let c = client();
+    let started = Instant::now();
+    let codes = join_all((0..100).map(|i| {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        post(&c, gw.url("/v1/chat/completions"), &key)
+    }))
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "burst too slow for the check"
+    );
+    let ok = codes.iter().filter(|s| **s == 200).count();
+    let limited = codes.iter().filter(|s| **s == 429).count();
+    assert!(
+        (25..=26).contains(&ok),
+        "both replicas together admitted {ok}: {codes:?}"
+    );
+    assert_eq!(ok + limited, 100);
+
+    // Fail-closed: with Redis gone, requests are refused with 503, not let through.
+    drop(redis);
+    let s = post(&c, a.url("/v1/chat/completions"), &key).await;
+    assert_eq!(s, 503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_falls_back_to_local_limits() {
+    let Some(redis) = redis().await else { return };
+    let sim = sluice::sim::spawn(SimConfig::new(SimKind::Vllm, vec!["m".into()]).speed(0.0))
+        .await
+        .unwrap();
+    let (key, hash) = sluice::auth::mint();
+    let port = redis.port;
+    drop(redis); // unreachable from the start
+    let toml = format!(
+        "{}\n[[keys]]\nname = \"k\"\nhash = \"{hash}\"\nrequests_per_minute = 5\n[limits]\nredis_url = \"redis://127.0.0.1:{port}/\"\n",
+        backend("b", "vllm", &sim.url(), &["m"]),
+    );
+    let gw = TestGateway::start_healthy(&toml).await;
+    let c = client();
+    let mut codes = Vec::new();
+    for _ in 0..8 {
+        codes.push(post(&c, gw.url("/v1/chat/completions"), &key).await);
+    }
+    assert_eq!(codes.iter().filter(|s| **s == 200).count(), 5, "{codes:?}");
+    assert_eq!(codes.iter().filter(|s| **s == 429).count(), 3, "{codes:?}");
+}
