@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""Gateway benchmark: Sluice side by side with direct access and nginx, in one run.
+
+Starts simulated backends in zero-delay mode (`sluice sim --speed 0`), nginx as a plain
+keep-alive reverse proxy to the same simulators (the baseline), and Sluice twice: "full" (API keys,
+limits and token-aware routing on, the realistic configuration) and "bare" (no keys, no limits).
+Targets are loaded in alternating rounds with wrk (saturation, concurrency 1) and hey (fixed
+rate), and measured with a small asyncio client for streaming fidelity, large bodies and many
+concurrent streams. Prints a table and writes JSON to bench/results/.
+
+Usage:
+  python3 bench/gateway/bench.py                 # full run (release build, a few minutes)
+  python3 bench/gateway/bench.py --smoke         # seconds; what CI runs so the harness cannot rot
+  python3 bench/gateway/bench.py --binary PATH   # use an existing sluice binary
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL_BODY = json.dumps(
+    {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hello there!"}]}
+)
+# A key whose hash is in the "full" config; not a secret (benchmarks only).
+BENCH_KEY = "sk-sluice-bench-0000000000000000000000000000000000000000"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def raise_nofile():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(hard, want)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def wait_http(url, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def cpu_seconds(pid):
+    """User + system CPU of a process and its direct children (nginx's workers)."""
+    ticks = os.sysconf(os.sysconf_names["SC_CLK_TCK"])
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == pid or int(fields[1]) == pid:
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks
+
+
+class Procs:
+    def __init__(self):
+        self.procs = []
+
+    def start(self, args, **kw):
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             preexec_fn=raise_nofile, **kw)
+        self.procs.append(p)
+        return p
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def sim(procs, binary, extra=()):
+    port = free_port()
+    procs.start([binary, "sim", "--kind", "vllm", "--port", str(port), "--model", "m", *extra])
+    wait_http(f"http://127.0.0.1:{port}/health")
+    return port
+
+
+def sluice_config(port, backends, full):
+    import hashlib
+    lines = [f'[server]\nlisten = "127.0.0.1:{port}"\n',
+             '[routing]\npolicy = "token-aware"\n' if full else '[routing]\npolicy = "round-robin"\n',
+             '[timeouts]\nidle = "600s"\nfirst_byte = "600s"\n']
+    for i, b in enumerate(backends):
+        lines.append(f'[[backends]]\nname = "sim-{i}"\nkind = "vllm"\nurl = "http://127.0.0.1:{b}"\nmodels = ["m"]\n')
+    if full:
+        h = hashlib.sha256(BENCH_KEY.encode()).hexdigest()
+        lines.append(f'[[keys]]\nname = "bench"\nhash = "sha256:{h}"\nmodels = ["m"]\n'
+                     'requests_per_minute = 100000000\ntokens_per_minute = 100000000000\nmax_concurrent = 100000\n')
+    return "\n".join(lines)
+
+
+def start_sluice(procs, binary, backends, full, tmp):
+    port = free_port()
+    path = os.path.join(tmp, f"sluice-{'full' if full else 'bare'}.toml")
+    with open(path, "w") as f:
+        f.write(sluice_config(port, backends, full))
+    env = dict(os.environ, SLUICE_LOG="warn")
+    p = procs.start([binary, "serve", "--config", path], env=env)
+    wait_http(f"http://127.0.0.1:{port}/readyz")
+    return port, p
+
+
+def start_nginx(procs, backends, tmp):
+    port = free_port()
+    ups = "\n".join(f"    server 127.0.0.1:{b};" for b in backends)
+    conf = f"""
+worker_processes auto;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+events {{ worker_connections 65536; }}
+worker_rlimit_nofile 65536;
+http {{
+  access_log off;
+  client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy;
+  fastcgi_temp_path {tmp}/fcgi; uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
+  client_max_body_size 16m;
+  client_body_buffer_size 16m;
+  upstream sims {{
+{ups}
+    keepalive 1024;
+  }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    location / {{
+      proxy_pass http://sims;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 600s;
+    }}
+  }}
+}}
+"""
+    path = os.path.join(tmp, "nginx.conf")
+    with open(path, "w") as f:
+        f.write(conf)
+    p = procs.start(["nginx", "-c", path, "-g", "daemon off;"])
+    wait_http(f"http://127.0.0.1:{port}/health")
+    return port, p
+
+
+UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+
+
+def parse_duration(s):
+    m = re.match(r"([\d.]+)(us|ms|s|m)$", s.strip())
+    return float(m.group(1)) * UNITS[m.group(2)] if m else float("nan")
+
+
+def wrk(url, seconds, conns, threads, body_file, headers):
+    script = body_file + ".lua"
+    with open(script, "w") as f:
+        f.write('wrk.method = "POST"\n')
+        f.write(f'wrk.body = io.open("{body_file}"):read("*a")\n')
+        f.write('wrk.headers["Content-Type"] = "application/json"\n')
+        for k, v in headers.items():
+            f.write(f'wrk.headers["{k}"] = "{v}"\n')
+    out = subprocess.run(["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{seconds}s", "--latency",
+                          "-s", script, url], capture_output=True, text=True, timeout=seconds + 60).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    total = int(re.search(r"(\d+) requests in", out).group(1))
+    errors = 0
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if m:
+        errors += int(m.group(1))
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if m:
+        errors += sum(int(x) for x in m.groups())
+    pct = {p: parse_duration(v) for p, v in re.findall(r"^\s+(50|75|90|99)%\s+(\S+)", out, re.M)}
+    return {"rps": rps, "requests": total, "errors": errors,
+            "p50_ms": pct.get("50", float("nan")) * 1e3, "p99_ms": pct.get("99", float("nan")) * 1e3}
+
+
+def hey(url, seconds, rate, body_file, headers):
+    conns = 16
+    args = ["hey", "-z", f"{seconds}s", "-c", str(conns), "-q", str(max(1, rate // conns)),
+            "-m", "POST", "-T", "application/json", "-D", body_file]
+    for k, v in headers.items():
+        args += ["-H", f"{k}: {v}"]
+    out = subprocess.run(args + [url], capture_output=True, text=True, timeout=seconds + 60).stdout
+    pct = {p: float(v) * 1e3 for p, v in re.findall(r"(\d+)%% in ([\d.]+) secs".replace("%%", "%"), out)}
+    codes = dict((int(c), int(n)) for c, n in re.findall(r"\[(\d+)\]\s+(\d+) responses", out))
+    ok = codes.get(200, 0)
+    return {"rate": rate, "ok": ok, "errors": sum(codes.values()) - ok,
+            "p50_ms": pct.get("50", float("nan")), "p99_ms": pct.get("99", float("nan"))}
+
+
+async def stream_gaps(port, headers, n_streams, max_tokens):
+    """Open n streams one after another; return TTFB and inter-chunk gaps in ms."""
+    ttfb, gaps = [], []
+    body = json.dumps({"model": "m", "stream": True, "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": "Tell me a story"}]}).encode()
+    for _ in range(n_streams):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+                + "Connection: close\r\n\r\n").encode()
+        t0 = time.perf_counter()
+        w.write(head + body)
+        await w.drain()
+        buf = b""
+        last = None
+        first = None
+        while True:
+            chunk = await r.read(65536)
+            if not chunk:
+                break
+            now = time.perf_counter()
+            events = (buf + chunk).count(b"data: {")
+            buf = b""
+            if events and b'"content":"' in chunk:
+                if first is None:
+                    first = now
+                    ttfb.append((now - t0) * 1e3)
+                elif last is not None:
+                    gaps.append((now - last) * 1e3)
+                last = now
+        w.close()
+    return ttfb, gaps
+
+
+async def hold_streams(port, headers, n, rss_pid):
+    """Open n concurrent streams, wait until each got its first chunk, measure RSS, close."""
+    body = json.dumps({"model": "m", "stream": True, "max_tokens": 1000,
+                       "messages": [{"role": "user", "content": "hold"}]}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            + "\r\n").encode()
+    conns, errors = [], 0
+    sem = asyncio.Semaphore(500)
+
+    async def one():
+        nonlocal errors
+        async with sem:
+            try:
+                r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 30)
+                w.write(head + body)
+                await w.drain()
+                got = b""
+                while b"data: " not in got:
+                    c = await asyncio.wait_for(r.read(4096), 60)
+                    if not c:
+                        raise ConnectionError("closed")
+                    got += c
+                if not got.startswith(b"HTTP/1.1 200"):
+                    raise ConnectionError(got[:40])
+                conns.append(w)
+            except Exception:
+                errors += 1
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    peak = rss_mb(rss_pid)
+    for w in conns:
+        w.close()
+    return {"streams": n, "held": len(conns), "errors": errors, "rss_mb": round(peak, 1)}
+
+
+def pct(values, q):
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true", help="a few seconds, to keep the harness working")
+    ap.add_argument("--binary", help="sluice binary (default: build target/release/sluice)")
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--streams", type=int, default=10000)
+    args = ap.parse_args()
+    for tool in ("wrk", "hey", "nginx"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is required (apt-get install -y wrk hey nginx)")
+    raise_nofile()
+    secs = 1 if args.smoke else args.seconds
+    rounds = 1 if args.smoke else args.rounds
+    binary = args.binary
+    if not binary:
+        subprocess.run(["cargo", "build", "--release", "--locked"], cwd=ROOT, check=True)
+        binary = os.path.join(ROOT, "target/release/sluice")
+
+    procs = Procs()
+    tmp = tempfile.mkdtemp(prefix="sluice-bench-")
+    results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+               "mode": "smoke" if args.smoke else "full", "seconds": secs, "rounds": rounds}
+    try:
+        sims = [sim(procs, binary, ["--speed", "0", "--max-model-len", "4000000"]) for _ in range(2)]
+        nginx_port, nginx_proc = start_nginx(procs, sims, tmp)
+        full_port, full_proc = start_sluice(procs, binary, sims, True, tmp)
+        bare_port, bare_proc = start_sluice(procs, binary, sims, False, tmp)
+        auth = {"Authorization": f"Bearer {BENCH_KEY}"}
+        targets = {
+            "direct": (sims[0], {}, None),
+            "nginx": (nginx_port, {}, nginx_proc),
+            "sluice-bare": (bare_port, {}, bare_proc),
+            "sluice": (full_port, auth, full_proc),
+        }
+        results["idle_rss_mb"] = round(rss_mb(full_proc.pid), 1)
+        small = os.path.join(tmp, "small.json")
+        with open(small, "w") as f:
+            f.write(SMALL_BODY)
+        big = os.path.join(tmp, "big.json")
+        with open(big, "w") as f:
+            f.write(json.dumps({"model": "m", "max_tokens": 4,
+                                "messages": [{"role": "user", "content": "x" * (1 << 20)}]}))
+
+        sat, c1, bigr, cpu = {}, {}, {}, {}
+        for r in range(rounds):
+            for name, (port, hdr, proc) in targets.items():
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                before = cpu_seconds(proc.pid) if proc else None
+                s = wrk(url, secs, 64, 2, small, hdr)
+                if proc:
+                    cpu.setdefault(name, []).append((cpu_seconds(proc.pid) - before) / max(1, s["requests"]) * 1e4)
+                sat.setdefault(name, []).append(s)
+                c1.setdefault(name, []).append(wrk(url, secs, 1, 1, small, hdr))
+                bigr.setdefault(name, []).append(wrk(url, secs, 8, 1, big, hdr))
+
+        def best(runs, key, agg=max):
+            return agg(x[key] for x in runs)
+
+        results["saturation"] = {n: {"rps": best(v, "rps"), "p99_ms": best(v, "p99_ms", min),
+                                     "errors": sum(x["errors"] for x in v)} for n, v in sat.items()}
+        results["concurrency_1"] = {n: {"p50_ms": best(v, "p50_ms", min), "p99_ms": best(v, "p99_ms", min),
+                                        "errors": sum(x["errors"] for x in v)} for n, v in c1.items()}
+        results["body_1mb"] = {n: {"rps": best(v, "rps"), "p50_ms": best(v, "p50_ms", min),
+                                   "errors": sum(x["errors"] for x in v)} for n, v in bigr.items()}
+        results["cpu_seconds_per_10k"] = {n: round(min(v), 3) for n, v in cpu.items()}
+
+        rate = max(50, int(0.3 * results["saturation"]["direct"]["rps"]))
+        mod = {}
+        for name, (port, hdr, _) in targets.items():
+            mod[name] = hey(f"http://127.0.0.1:{port}/v1/chat/completions", secs * 2, rate, small, hdr)
+        results["moderate_rate"] = mod
+
+        # Streaming fidelity: a separate sim whose decode step is 10 ms.
+        sp = sim(procs, binary, ["--speed", "1", "--decode-base-us", "10000", "--decode-per-seq-us", "0",
+                                 "--prefill-us-per-token", "1", "--min-output-tokens", "1000", "--max-output-tokens", "2000"])
+        s_nginx, _ = start_nginx(procs, [sp], tempfile.mkdtemp(prefix="sluice-bench-ng-"))
+        s_full, _ = start_sluice(procs, binary, [sp], True, tempfile.mkdtemp(prefix="sluice-bench-st-"))
+        n, toks = (2, 20) if args.smoke else (10, 100)
+        stream = {}
+        for name, port, hdr in (("direct", sp, {}), ("nginx", s_nginx, {}), ("sluice", s_full, auth)):
+            ttfb, gaps = asyncio.run(stream_gaps(port, hdr, n, toks))
+            stream[name] = {"ttfb_p50_ms": round(pct(ttfb, 0.5), 3),
+                            "gap_p50_ms": round(pct(gaps, 0.5), 3), "gap_p99_ms": round(pct(gaps, 0.99), 3),
+                            "gaps_within_1ms_of_10ms": round(sum(1 for g in gaps if abs(g - 10) <= 1) / max(1, len(gaps)), 3)}
+        results["streaming"] = stream
+
+        # Many concurrent streams: a slow sim (one token per second) that admits them all.
+        hold = sim(procs, binary, ["--speed", "1", "--decode-base-us", "1000000", "--decode-per-seq-us", "0",
+                                   "--max-num-seqs", "100000", "--kv-capacity-tokens", "1000000000",
+                                   "--min-output-tokens", "1000", "--max-output-tokens", "2000"])
+        h_port, h_proc = start_sluice(procs, binary, [hold], True, tempfile.mkdtemp(prefix="sluice-bench-h-"))
+        results["idle_rss_mb"] = round(rss_mb(h_proc.pid), 1)
+        results["concurrent_streams"] = asyncio.run(hold_streams(h_port, auth, 200 if args.smoke else args.streams, h_proc.pid))
+    finally:
+        procs.stop()
+
+    sat = results["saturation"]
+    ratios = {
+        "throughput_sluice_over_nginx": round(sat["sluice"]["rps"] / sat["nginx"]["rps"], 3),
+        "throughput_sluice_over_direct": round(sat["sluice"]["rps"] / sat["direct"]["rps"], 3),
+        "throughput_bare_over_nginx": round(sat["sluice-bare"]["rps"] / sat["nginx"]["rps"], 3),
+        "added_p50_c1_ms": round(results["concurrency_1"]["sluice"]["p50_ms"] - results["concurrency_1"]["direct"]["p50_ms"], 3),
+        "added_p99_moderate_ms": round(results["moderate_rate"]["sluice"]["p99_ms"] - results["moderate_rate"]["direct"]["p99_ms"], 3),
+        "added_ttfb_stream_ms": round(results["streaming"]["sluice"]["ttfb_p50_ms"] - results["streaming"]["direct"]["ttfb_p50_ms"], 3),
+        "cpu_sluice_over_nginx": round(results["cpu_seconds_per_10k"]["sluice"] / max(1e-9, results["cpu_seconds_per_10k"]["nginx"]), 3),
+    }
+    results["ratios"] = ratios
+
+    print(f"\n{'target':<12} {'sat rps':>10} {'c1 p50 ms':>10} {'c1 p99 ms':>10} {'mod p99 ms':>11} {'1MB rps':>9} {'errors':>7}")
+    for n in targets:
+        errs = sat[n]["errors"] + results["concurrency_1"][n]["errors"] + results["body_1mb"][n]["errors"] + results["moderate_rate"][n]["errors"]
+        print(f"{n:<12} {sat[n]['rps']:>10.0f} {results['concurrency_1'][n]['p50_ms']:>10.3f} "
+              f"{results['concurrency_1'][n]['p99_ms']:>10.3f} {results['moderate_rate'][n]['p99_ms']:>11.3f} "
+              f"{results['body_1mb'][n]['rps']:>9.0f} {errs:>7}")
+    print("\nstreaming:", json.dumps(results["streaming"]))
+    print("cpu s/10k requests:", json.dumps(results["cpu_seconds_per_10k"]))
+    print("concurrent streams:", json.dumps(results["concurrent_streams"]), "idle RSS MB:", results["idle_rss_mb"])
+    print("ratios:", json.dumps(ratios, indent=1))
+
+    out_dir = os.path.join(ROOT, "bench", "results")
+    os.makedirs(out_dir, exist_ok=True)
+    name = "gateway-smoke.json" if args.smoke else f"gateway-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(results, f, indent=1)
+    total_errors = sum(v["errors"] for v in sat.values()) + results["concurrent_streams"]["errors"]
+    if args.smoke and total_errors:
+        sys.exit(f"smoke run saw {total_errors} errors")
+
+
+if __name__ == "__main__":
+    main()
