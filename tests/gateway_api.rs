@@ -9,16 +9,6 @@ use common::*;
 use serde_json::{json, Value};
 use sluice::sim::{SimConfig, SimKind};
 
-fn fleet_toml(vllm: &str, tgi: &str, ollama: &str) -> String {
-    let mut t = String::from(FAST_HEALTH);
-    t.push_str("\n[[models]]\nname = \"llama-3.1-8b\"\naliases = [\"llama3\"]\n");
-    t.push_str(&backend("gpu-a", "vllm", vllm, &["llama-3.1-8b"]));
-    t.push_str(&backend("tgi-1", "tgi", tgi, &["llama-3.1-8b"]));
-    t.push_str(&backend("laptop", "ollama", ollama, &["llama-3.1-8b"]));
-    t.push_str("model_names = { \"llama-3.1-8b\" = \"llama3.1:8b\" }\n");
-    t
-}
-
 /// A gateway whose only backend for the model is `only`, among a fleet of three kinds.
 async fn single(kind: SimKind) -> (TestGateway, sluice::sim::SimHandle) {
     let (kind_str, model) = match kind {

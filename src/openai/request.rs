@@ -43,6 +43,9 @@ impl Endpoint {
 
 /// Largest `max_tokens` accepted; anything above is a client error, not a backend's problem.
 pub const MAX_TOKENS_LIMIT: u64 = 16 * 1024 * 1024;
+/// Deepest nesting of arrays and objects accepted anywhere in a body (serde_json enforces 128
+/// on the fields it reads, but skips ignored fields without a limit; backends may not).
+pub const MAX_DEPTH: usize = 128;
 /// Largest `n` accepted.
 pub const MAX_N: u64 = 128;
 /// Chat overhead per message in the tokenizer-free estimate (role markers and separators).
@@ -142,6 +145,12 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
         return Err(ApiError::bad_request(
             "The request body must be a JSON object.",
         ));
+    }
+    if nesting_depth(body) > MAX_DEPTH {
+        return Err(ApiError::bad_request(format!(
+            "The request body is nested more than {MAX_DEPTH} levels deep."
+        ))
+        .with_code("invalid_json"));
     }
     let wire: Wire<'_> = serde_json::from_slice(body).map_err(ApiError::invalid_json)?;
 
@@ -250,6 +259,38 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
         object_start: trimmed_start + 1,
         has_members: true,
     })
+}
+
+/// The deepest nesting of `[`/`{` outside strings (stops counting once past the limit).
+fn nesting_depth(body: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    max = depth;
+                    if max > MAX_DEPTH {
+                        return max;
+                    }
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
 }
 
 /// The byte span of a borrowed raw value inside `body`.
@@ -463,6 +504,14 @@ mod tests {
             "]".repeat(100_000)
         );
         assert_eq!(chat(&deep).unwrap_err().status, 400);
+        // Brackets inside strings do not count; 128 levels are fine.
+        let ok = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"{}\\\"]"}}],"x":{}{}}}"#,
+            "[".repeat(1000),
+            "[".repeat(120),
+            "]".repeat(120)
+        );
+        assert!(chat(&ok).is_ok());
     }
 
     #[test]
