@@ -85,12 +85,16 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     let grace = config.server.shutdown_grace;
+    server::tls::configure_backends(&config.backend_tls);
     let gw = Gateway::new(config);
     serve_gateway(gw, listener, admin_listener, shutdown, grace).await;
     Ok(())
 }
 
-/// Serve an existing [`Gateway`] (so the caller can reload it).
+/// Serve an existing [`Gateway`] (so the caller can reload it). With `[tls]` the client
+/// listener speaks TLS (certificate re-read on change); the admin listener stays plain HTTP.
+/// A TLS configuration that cannot be loaded stops here with an error log: never plain HTTP
+/// instead.
 pub async fn serve_gateway(
     gw: Arc<Gateway>,
     listener: TcpListener,
@@ -99,8 +103,23 @@ pub async fn serve_gateway(
     grace: std::time::Duration,
 ) {
     let _ = telemetry::metrics::handle();
+    metrics::gauge!(telemetry::metrics::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"))
+        .set(1.0);
+    let tls = match &gw.runtime().config.tls {
+        Some(t) => match server::tls::ServerTls::new(t) {
+            Ok(tls) => {
+                tls.spawn_watch(Arc::downgrade(&gw));
+                Some(tls)
+            }
+            Err(e) => {
+                tracing::error!("cannot serve TLS: {e}");
+                return;
+            }
+        },
+        None => None,
+    };
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "sluice listening");
+        tracing::info!(%addr, tls = tls.is_some(), "sluice listening");
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let gw_for_stop = gw.clone();
@@ -120,7 +139,7 @@ pub async fn serve_gateway(
         tokio::spawn(server::serve(l, app, wait(stop_rx.clone()), grace))
     });
     let app = server::routes::api(gw.clone(), admin_task.is_none());
-    server::serve(listener, app, wait(stop_rx), grace).await;
+    server::serve_with_tls(listener, app, tls, wait(stop_rx), grace).await;
     if let Some(t) = admin_task {
         let _ = t.await;
     }

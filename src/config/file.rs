@@ -39,6 +39,46 @@ pub struct FileConfig {
     /// The wait queue used when every candidate backend is at its concurrency cap.
     #[serde(default)]
     pub queue: QueueSection,
+    /// TLS on the client listener (`server.listen`): certificate, key, optional client CA (mTLS).
+    pub tls: Option<TlsSection>,
+    /// TLS towards `https://` backends: extra trust roots.
+    #[serde(default)]
+    pub backend_tls: BackendTlsSection,
+    /// Live reload of this file when it changes on disk.
+    #[serde(default)]
+    pub reload: ReloadSection,
+}
+
+/// `[tls]`: serve the client listener over TLS (HTTP/2 and HTTP/1.1 negotiated by ALPN).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    /// PEM certificate chain, leaf first. Re-read when the file changes.
+    pub cert: String,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1). Re-read when the file changes.
+    pub key: String,
+    /// PEM CA bundle: when set, clients must present a certificate it signed (mTLS).
+    pub client_ca: Option<String>,
+}
+
+/// `[backend_tls]`: how `https://` backends are verified.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendTlsSection {
+    /// PEM CA bundle trusted for backends, in addition to the system roots.
+    pub ca_file: Option<String>,
+    /// Trust the system's roots too (default true).
+    pub system_roots: Option<bool>,
+}
+
+/// `[reload]`: watch the config file and apply it when it changes (SIGHUP works regardless).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReloadSection {
+    /// Watch the file (default true).
+    pub watch: Option<bool>,
+    /// How often the file (and the TLS files) are checked, e.g. "1s" (the default).
+    pub interval: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

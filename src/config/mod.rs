@@ -11,8 +11,8 @@ pub mod reload;
 pub mod validate;
 
 pub use validate::{
-    AdminConfig, BackendConfig, BackendKind, Config, HealthConfig, KeyConfig, ModelConfig,
-    PolicyKind, RoutingConfig, ServerConfig, Timeouts,
+    AdminConfig, BackendConfig, BackendKind, BackendTlsConfig, Config, HealthConfig, KeyConfig,
+    ModelConfig, PolicyKind, ReloadConfig, RoutingConfig, ServerConfig, Timeouts, TlsConfig,
 };
 
 use std::path::Path;

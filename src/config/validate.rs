@@ -41,8 +41,46 @@ pub struct Config {
     pub membership: MembershipConfig,
     /// `[queue]`: the gateway-side wait queue for saturated backends.
     pub queue: QueueConfig,
+    /// `[tls]`: TLS on the client listener.
+    pub tls: Option<TlsConfig>,
+    /// `[backend_tls]`: trust roots for `https://` backends.
+    pub backend_tls: BackendTlsConfig,
+    /// `[reload]`: watching the file for changes.
+    pub reload: ReloadConfig,
     /// The file this came from, for reloads.
     pub source: Option<PathBuf>,
+}
+
+/// `[tls]`, checked: the files existed and parsed when the config was validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Require client certificates signed by this CA bundle (mTLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+/// `[backend_tls]`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendTlsConfig {
+    pub ca_file: Option<PathBuf>,
+    pub system_roots: bool,
+}
+
+impl Default for BackendTlsConfig {
+    fn default() -> Self {
+        BackendTlsConfig {
+            ca_file: None,
+            system_roots: true,
+        }
+    }
+}
+
+/// `[reload]`, checked.
+#[derive(Debug, Clone, Copy)]
+pub struct ReloadConfig {
+    pub watch: bool,
+    pub interval: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -456,6 +494,70 @@ pub fn parse_key_hash(s: &str) -> Result<[u8; 32], String> {
         .map_err(|_| "a SHA-256 hash has 64 hex digits".to_string())
 }
 
+/// `[tls]`, `[backend_tls]` and `[reload]`: paths expanded, PEM files read and parsed now, so
+/// a bad certificate is a config error (at start, in `sluice check` and on reload).
+fn tls_and_reload(
+    p: &mut Problems,
+    f: &FileConfig,
+    env: &dyn Env,
+) -> (Option<TlsConfig>, BackendTlsConfig, ReloadConfig) {
+    let mut path = |at: &str, v: &str| match expand(v, env) {
+        Ok(s) if s.trim().is_empty() => {
+            p.push(at, "is empty");
+            None
+        }
+        Ok(s) => Some(PathBuf::from(s)),
+        Err(e) => {
+            p.push(at, e);
+            None
+        }
+    };
+    let tls = f.tls.as_ref().and_then(|t| {
+        let cert = path("tls.cert", &t.cert);
+        let key = path("tls.key", &t.key);
+        let client_ca = t.client_ca.as_deref().map(|c| path("tls.client_ca", c));
+        let client_ca = match client_ca {
+            Some(None) => return None,
+            Some(Some(c)) => Some(c),
+            None => None,
+        };
+        Some(TlsConfig {
+            cert: cert?,
+            key: key?,
+            client_ca,
+        })
+    });
+    let backend_ca = f
+        .backend_tls
+        .ca_file
+        .as_deref()
+        .and_then(|c| path("backend_tls.ca_file", c));
+    if let Some(t) = &tls {
+        if let Err(e) = crate::server::tls::check_server_files(t) {
+            p.push("tls", e);
+        }
+    }
+    if let Some(c) = &backend_ca {
+        if let Err(e) = crate::server::tls::load_ca(c) {
+            p.push("backend_tls.ca_file", e);
+        }
+    }
+    let backend_tls = BackendTlsConfig {
+        ca_file: backend_ca,
+        system_roots: f.backend_tls.system_roots.unwrap_or(true),
+    };
+    let reload = ReloadConfig {
+        watch: f.reload.watch.unwrap_or(true),
+        interval: duration(
+            p,
+            "reload.interval",
+            &f.reload.interval,
+            Duration::from_secs(1),
+        ),
+    };
+    (tls, backend_tls, reload)
+}
+
 /// Validate a parsed file.
 pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
     let mut p = Problems(Vec::new());
@@ -776,6 +878,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         }
     }
     let (membership, queue) = membership_and_queue(&mut p, &f, env);
+    let (tls, backend_tls, reload) = tls_and_reload(&mut p, &f, env);
 
     if p.0.is_empty() {
         Ok(Config {
@@ -793,6 +896,9 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
             backend_timeouts: base_timeouts,
             membership,
             queue,
+            tls,
+            backend_tls,
+            reload,
             source: None,
         })
     } else {

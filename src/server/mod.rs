@@ -4,9 +4,15 @@
 //! Invariants: an accept error (e.g. out of file descriptors) never ends the loop; on shutdown
 //! the listener closes first, then open connections are asked to finish (HTTP/1 after the
 //! current response, HTTP/2 with GOAWAY) and are given `grace` before they are dropped.
+//! Under TLS the handshake runs in the connection's own task (bounded by a timeout), so a slow
+//! or failing client never stalls the accept loop; each connection takes the certificate in
+//! force when it was accepted ([`tls::ServerTls`] swaps it on file change).
 
+pub mod dashboard;
 pub mod routes;
 pub mod tls;
+
+use std::sync::Arc;
 
 use std::future::Future;
 use std::time::Duration;
@@ -18,10 +24,24 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
+/// How long a client may take to complete the TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Serve `app` on `listener` until `shutdown` resolves, then drain for at most `grace`.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) {
+    serve_with_tls(listener, app, None, shutdown, grace).await;
+}
+
+/// Like [`serve`]; with `tls`, every connection is TLS (HTTP/2 or HTTP/1.1 by ALPN).
+pub async fn serve_with_tls(
+    listener: TcpListener,
+    app: Router,
+    tls: Option<Arc<tls::ServerTls>>,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) {
@@ -45,7 +65,7 @@ pub async fn serve(
             () = &mut shutdown => break,
             accepted = listener.accept() => accepted,
         };
-        let (stream, _peer) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(x) => {
                 accept_errors = 0;
                 x
@@ -60,10 +80,36 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn.into_owned());
+        let Some(tls) = &tls else {
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let conn = graceful.watch(conn.into_owned());
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            continue;
+        };
+        let acceptor = tls.acceptor();
+        let watcher = graceful.watcher();
+        let builder = builder.clone();
         tokio::spawn(async move {
-            let _ = conn.await;
+            let stream =
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        metrics::counter!(crate::telemetry::metrics::TLS_HANDSHAKE_ERRORS_TOTAL)
+                            .increment(1);
+                        tracing::debug!(peer = %peer, "TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => {
+                        metrics::counter!(crate::telemetry::metrics::TLS_HANDSHAKE_ERRORS_TOTAL)
+                            .increment(1);
+                        tracing::debug!(peer = %peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let _ = watcher.watch(conn.into_owned()).await;
         });
     }
     drop(listener);

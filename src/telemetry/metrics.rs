@@ -44,6 +44,16 @@ pub const RATELIMIT_REDIS_ERRORS_TOTAL: &str = "sluice_ratelimit_redis_errors_to
 pub const USAGE_REQUESTS_TOTAL: &str = "sluice_usage_requests_total";
 pub const USAGE_PROMPT_TOKENS_TOTAL: &str = "sluice_usage_prompt_tokens_total";
 pub const USAGE_COMPLETION_TOKENS_TOTAL: &str = "sluice_usage_completion_tokens_total";
+/// Config reloads (file change or SIGHUP), by `result` (applied|rejected).
+pub const CONFIG_RELOADS_TOTAL: &str = "sluice_config_reloads_total";
+/// Unix time of the last config reload that was applied (0 = the start-up config).
+pub const CONFIG_LAST_RELOAD_SECONDS: &str = "sluice_config_last_reload_timestamp_seconds";
+/// Re-reads of the listener's TLS certificate files that found a change, by `result`.
+pub const TLS_RELOADS_TOTAL: &str = "sluice_tls_reloads_total";
+/// TLS handshakes on the client listener that failed (no or bad client certificate, …).
+pub const TLS_HANDSHAKE_ERRORS_TOTAL: &str = "sluice_tls_handshake_errors_total";
+/// Always 1, labelled with the `version` of the running binary.
+pub const BUILD_INFO: &str = "sluice_build_info";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
