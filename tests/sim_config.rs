@@ -87,3 +87,33 @@ fn bad_values_are_rejected() {
     assert_eq!("TGI".parse::<SimKind>().unwrap(), SimKind::Tgi);
     assert_eq!(SimKind::Ollama.to_string(), "ollama");
 }
+
+async fn run_and_probe(threads: usize) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let cfg = SimConfig::new(SimKind::Vllm, vec!["m".into()])
+        .speed(0.0)
+        .threads(threads);
+    let task = tokio::spawn(sluice::sim::run(listener, cfg, async move {
+        let _ = rx.await;
+    }));
+    let c = reqwest::Client::new();
+    for _ in 0..20 {
+        let r = c.get(format!("http://{addr}/health")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    tx.send(()).unwrap();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(10), task)
+        .await
+        .expect("run stops on shutdown")
+        .unwrap();
+    assert!(r.is_ok());
+}
+
+#[tokio::test]
+async fn run_serves_on_dedicated_threads_and_stops() {
+    run_and_probe(2).await;
+    run_and_probe(1).await;
+    run_and_probe(0).await;
+}

@@ -3,6 +3,8 @@
 # requests over keep-alive, load generator on the same machine.
 #
 # Usage: bench/sim/throughput.sh [duration_seconds] [connections]
+# Env: WRK_THREADS (load generator threads, default 1), SIM_THREADS (simulator serving threads,
+#      default 1), SLUICE_BIN (binary to run, default target/release/sluice).
 # Needs: wrk (https://github.com/wg/wrk). Builds the release binary if needed.
 # Prints requests/s for GET /health (the cheapest route: the baseline of the same run) and for
 # POST /v1/chat/completions on each personality, and the ratio chat/health.
@@ -11,6 +13,7 @@ set -euo pipefail
 DURATION="${1:-10}"
 CONNS="${2:-64}"
 THREADS="${WRK_THREADS:-1}"
+SIM_THREADS="${SIM_THREADS:-1}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 BIN="${SLUICE_BIN:-$ROOT/target/release/sluice}"
@@ -42,7 +45,7 @@ rps() {
 run_kind() {
     local kind="$1" health="$2" chat_path="$3" lua="$4"
     local port; port="$(free_port)"
-    "$BIN" sim --kind "$kind" --port "$port" --model m --speed 0 >/dev/null 2>&1 &
+    "$BIN" sim --kind "$kind" --port "$port" --model m --speed 0 --threads "$SIM_THREADS" >/dev/null 2>&1 &
     local pid=$!
     trap 'kill "$pid" 2>/dev/null || true' RETURN
     wait_up "http://127.0.0.1:$port$health"
@@ -57,7 +60,7 @@ run_kind() {
     wait "$pid" 2>/dev/null || true
 }
 
-echo "sluice sim throughput: ${DURATION}s per run, ${CONNS} connections, ${THREADS} wrk thread(s), $(nproc) cores"
+echo "sluice sim throughput: ${DURATION}s per run, ${CONNS} connections, ${THREADS} wrk thread(s), ${SIM_THREADS} sim thread(s), $(nproc) cores"
 run_kind vllm /health /v1/chat/completions "$HERE/chat.lua"
 run_kind tgi /health /v1/chat/completions "$HERE/chat.lua"
 run_kind ollama / /v1/chat/completions "$HERE/chat.lua"

@@ -131,8 +131,8 @@ pub struct SimConfig {
     pub embedding_dim: usize,
     /// Fault active at start-up (normally healthy).
     pub fault: Fault,
-    /// `run` only: 1 = serve on a dedicated thread with a single-threaded runtime (the fastest
-    /// on small machines: no cross-thread wake-ups); 0 = serve on the caller's runtime.
+    /// `run` only: N >= 1 = serve on N dedicated threads, each a single-threaded runtime
+    /// accepting from the same socket (no cross-thread wake-ups); 0 = the caller's runtime.
     pub threads: usize,
 }
 
@@ -257,7 +257,7 @@ impl SimConfig {
         self.timing.max_output_tokens = max;
         self
     }
-    /// `run` only: 1 = a dedicated single-threaded runtime, 0 = the caller's runtime.
+    /// `run` only: N >= 1 dedicated single-threaded runtimes, 0 = the caller's runtime.
     pub fn threads(mut self, threads: usize) -> Self {
         self.threads = threads;
         self
@@ -307,10 +307,8 @@ impl SimConfig {
                 "--max-model-len and --max-concurrent-requests must be > 0".into(),
             ));
         }
-        if self.threads > 1 {
-            return Err(SimError::Config(
-                "--threads must be 0 (shared runtime) or 1 (dedicated thread)".into(),
-            ));
+        if self.threads > 256 {
+            return Err(SimError::Config("--threads must be at most 256".into()));
         }
         if self.kind == SimKind::Ollama {
             self.models = self.models.iter().map(|m| ollama_name(m)).collect();
@@ -429,8 +427,8 @@ pub struct SimArgs {
     /// `loading` / `refuse` fault: duration in seconds.
     #[arg(long)]
     pub fault_seconds: Option<f64>,
-    /// 1 = serve on one dedicated thread (default, fastest on small machines); 0 = share the
-    /// process runtime.
+    /// Serving threads: N >= 1 dedicated single-threaded runtimes sharing the listening socket;
+    /// 0 = share the process runtime.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
 }

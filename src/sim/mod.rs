@@ -99,9 +99,10 @@ pub(crate) fn unix_now_f64() -> f64 {
 
 /// Serve the simulator on `listener` until `shutdown` completes.
 ///
-/// With `config.threads == 1` the simulator runs on its own OS thread with a single-threaded
-/// tokio runtime (the caller's task just waits for `shutdown`); with 0 it runs on the caller's
-/// runtime.
+/// With `config.threads == 0` the simulator runs on the caller's runtime. With `N >= 1` it runs
+/// on N dedicated OS threads, each with its own single-threaded tokio runtime accepting from
+/// the same listening socket (no cross-thread wake-ups on the request path; the schedulers live
+/// on the first thread); the caller's task just waits for `shutdown`.
 pub async fn run(
     listener: TcpListener,
     config: SimConfig,
@@ -113,45 +114,69 @@ pub async fn run(
         addr = %listener.local_addr()?,
         models = ?config.models,
         speed = config.speed,
+        threads = config.threads,
         "simulator listening"
     );
-    if config.threads != 1 {
+    if config.threads == 0 {
         let sim = Arc::new(server::Sim::new(config));
         return server::serve(listener, sim, shutdown).await;
     }
+    let threads = config.threads;
     let std_listener = listener.into_std()?;
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let (done_tx, done_rx) = oneshot::channel::<Result<(), SimError>>();
-    std::thread::Builder::new()
-        .name("sluice-sim".into())
-        .spawn(move || {
-            let result = (|| {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                rt.block_on(async move {
-                    let listener = TcpListener::from_std(std_listener)?;
-                    let sim = Arc::new(server::Sim::new(config));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut runtimes = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        runtimes.push(
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+        );
+    }
+    // the schedulers are spawned on the first shard's runtime
+    let sim = {
+        let _enter = runtimes[0].enter();
+        Arc::new(server::Sim::new(config))
+    };
+    let mut done = Vec::with_capacity(threads);
+    for (i, rt) in runtimes.into_iter().enumerate() {
+        let l = std_listener.try_clone()?;
+        let sim = sim.clone();
+        let mut stop = stop_rx.clone();
+        let (done_tx, done_rx) = oneshot::channel::<Result<(), SimError>>();
+        std::thread::Builder::new()
+            .name(format!("sluice-sim-{i}"))
+            .spawn(move || {
+                let r = rt.block_on(async move {
+                    let listener = TcpListener::from_std(l)?;
                     server::serve(listener, sim, async move {
-                        let _ = stop_rx.await;
+                        let _ = stop.wait_for(|s| *s).await;
                     })
                     .await
-                })
-            })();
-            let _ = done_tx.send(result);
-        })?;
-    tokio::pin!(shutdown);
-    tokio::pin!(done_rx);
-    tokio::select! {
-        _ = &mut shutdown => {
-            let _ = stop_tx.send(());
-            match done_rx.await {
-                Ok(r) => r,
-                Err(_) => Ok(()),
+                });
+                let _ = done_tx.send(r);
+            })?;
+        done.push(done_rx);
+    }
+    drop(std_listener);
+    let first_exit = async {
+        let mut result = Ok(());
+        for d in &mut done {
+            if let Ok(Err(e)) = d.await {
+                result = Err(e);
             }
         }
-        r = &mut done_rx => r.unwrap_or(Ok(())),
+        result
+    };
+    tokio::pin!(shutdown);
+    tokio::select! {
+        _ = &mut shutdown => {}
+        r = first_exit => return r,
     }
+    let _ = stop_tx.send(true);
+    for d in done {
+        let _ = d.await;
+    }
+    Ok(())
 }
 
 /// A simulator running in a tokio task; dropping the handle stops it.
