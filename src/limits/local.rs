@@ -162,10 +162,10 @@ impl LocalStore {
                     *at = now_ms;
                 }
                 (Kind::Concurrency, Slot::Count(n)) => *n = n.saturating_sub(1),
-                (Kind::Daily | Kind::Monthly, Slot::Budget { period, used }) => {
-                    if periods.get(i).copied() == Some(*period) {
-                        *used = used.saturating_add_signed(delta);
-                    }
+                (Kind::Daily | Kind::Monthly, Slot::Budget { period, used })
+                    if periods.get(i).copied() == Some(*period) =>
+                {
+                    *used = used.saturating_add_signed(delta);
                 }
                 _ => {}
             }
