@@ -80,7 +80,8 @@ impl Gateway {
             discovered: Discovered::default(),
             rebuild_lock: Mutex::new(()),
         });
-        gw.router.set_slow_start(gw.runtime().config.health.slow_start);
+        gw.router
+            .set_slow_start(gw.runtime().config.health.slow_start);
         spawn_membership(Arc::downgrade(&gw));
         gw
     }
@@ -205,7 +206,9 @@ fn spawn_membership(gw: Weak<Gateway>) {
                     Ok(Err(e)) => {
                         tracing::warn!(entry = %d.name, host = %d.host, "DNS lookup failed: {e}")
                     }
-                    Err(_) => tracing::warn!(entry = %d.name, host = %d.host, "DNS lookup timed out"),
+                    Err(_) => {
+                        tracing::warn!(entry = %d.name, host = %d.host, "DNS lookup timed out")
+                    }
                 }
             }
             due.retain(|k, _| rt.config.membership.discovery.iter().any(|d| &d.name == k));

@@ -57,7 +57,7 @@ const MAX_QUEUE_ROUNDS: u32 = 100_000;
 /// Handle one inference request end to end.
 pub async fn handle(gw: Arc<Gateway>, endpoint: Endpoint, req: Request<Body>) -> Response {
     let started = Instant::now();
-    let request_id = request_id(req.headers());
+    let request_id = crate::server::guard::request_id(req.headers());
     let mut record = AccessRecord::new(request_id.clone(), endpoint.label(), started);
     let rt = gw.runtime();
     let mut response = match proxy(&gw, &rt, endpoint, req, &mut record).await {
@@ -75,19 +75,9 @@ pub async fn handle(gw: Arc<Gateway>, endpoint: Endpoint, req: Request<Body>) ->
     response
 }
 
-/// The client's `x-request-id` when it is sane, else a new one.
-fn request_id(headers: &HeaderMap) -> String {
-    headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|s| !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic()))
-        .map(str::to_string)
-        .unwrap_or_else(new_id)
-}
-
 /// A random 128-bit id in hex.
 pub fn new_id() -> String {
-    format!("{:032x}", rand::random::<u128>())
+    crate::server::guard::new_id()
 }
 
 async fn read_body(req: Request<Body>, limit: usize) -> Result<(HeaderMap, Bytes), ApiError> {
@@ -445,9 +435,15 @@ async fn pick_or_wait(
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "server_error",
-            format!("Every backend for this model is at its concurrency limit ({why}). Please retry."),
+            format!(
+                "Every backend for this model is at its concurrency limit ({why}). Please retry."
+            ),
         )
-        .with_code(if reason == "full" { "queue_full" } else { "queue_timeout" })
+        .with_code(if reason == "full" {
+            "queue_full"
+        } else {
+            "queue_timeout"
+        })
         .with_retry_after(NO_BACKEND_RETRY_AFTER)
     };
     let mut ticket = match gw.queue.enter(tenant, 1.0, q.size) {

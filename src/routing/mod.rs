@@ -53,8 +53,10 @@ impl Router {
 
     /// Set the slow-start window (from `health.slow_start`; zero turns it off).
     pub fn set_slow_start(&self, d: Duration) {
-        self.slow_start_ms
-            .store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.slow_start_ms.store(
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Whether some untried candidate is routable but at its concurrency cap: waiting for a
@@ -75,7 +77,9 @@ impl Router {
     ) -> Option<usize> {
         let mut eligible: Vec<usize> = (0..candidates.len())
             .filter(|i| {
-                !tried.contains(i) && candidates[*i].0.state.routable() && candidates[*i].0.has_slot()
+                !tried.contains(i)
+                    && candidates[*i].0.state.routable()
+                    && candidates[*i].0.has_slot()
             })
             .collect();
         if eligible.is_empty() {
