@@ -2,7 +2,7 @@
 //!
 //! Client API: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
 //! `GET /v1/models`, `GET /v1/models/{id}`. Operations: `GET /healthz`, `/readyz`, `/metrics`,
-//! `/admin/backends`. When an admin listener is configured the operations other than
+//! `/admin/backends`, `/admin/usage`, `/admin/summary`, `/dashboard`. When an admin listener is configured the operations other than
 //! `/healthz` and `/readyz` are served only there. Unknown paths get an OpenAI-shaped 404, a
 //! wrong method a 405.
 
@@ -62,6 +62,8 @@ fn ops_routes() -> Router<Arc<Gateway>> {
 }
 
 fn finish(r: Router<Arc<Gateway>>, gw: Arc<Gateway>) -> Router {
+        .route("/admin/summary", get(admin_summary))
+        .route("/dashboard", get(dashboard))
     r.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(gw)
@@ -213,6 +215,24 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
 async fn admin_usage(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     if let Err(r) = admin_allowed(&gw, &headers) {
         return r;
+/// The fleet, gateway totals and tenants' usage against their limits (the dashboard's data).
+async fn admin_summary(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if let Err(r) = admin_allowed(&gw, &headers) {
+        return r;
+    }
+    Json(super::dashboard::summary(&gw)).into_response()
+}
+
+/// The status page; the admin token may come as a Bearer header or as `?token=`.
+async fn dashboard(State(gw): State<Arc<Gateway>>, headers: HeaderMap, uri: Uri) -> Response {
+    if let Err(r) = admin_allowed(&gw, &headers) {
+        if !super::dashboard::query_token_ok(&gw, uri.query()) {
+            return r;
+        }
+    }
+    super::dashboard::page()
+}
+
     }
     Json(gw.limits.usage_report()).into_response()
 }
