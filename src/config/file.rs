@@ -153,6 +153,8 @@ pub struct RoutingSection {
     pub default_max_tokens: Option<u64>,
     /// Add `x-sluice-backend` to responses, naming the backend that served them.
     pub expose_backend_header: Option<bool>,
+    /// token-aware: above this many eligible backends, power of two choices (default 16).
+    pub p2c_above: Option<usize>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -186,6 +188,8 @@ pub struct HealthSection {
     /// vLLM: this many waiting requests (from `/metrics`) make a backend `overloaded`
     /// (default 0 = never).
     pub overload_waiting: Option<u64>,
+    /// How often engine load signals are read (default: `interval`; "0s" = never).
+    pub signals_interval: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -140,6 +140,9 @@ pub struct RoutingConfig {
     pub failover_deadline: Duration,
     pub default_max_tokens: u64,
     pub expose_backend_header: bool,
+    /// token-aware: with more eligible backends than this, score two random ones
+    /// (power of two choices) instead of all.
+    pub p2c_above: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -156,6 +159,8 @@ pub struct HealthConfig {
     /// vLLM: `vllm:num_requests_waiting` at or above this makes a backend `overloaded`
     /// (0: never).
     pub overload_waiting: u64,
+    /// How often engine load signals are read (`/metrics`, `/api/ps`); zero: never.
+    pub signals_interval: Duration,
 }
 
 /// Run-time membership: the registration API and DNS discovery.
@@ -636,6 +641,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         ),
         default_max_tokens: f.routing.default_max_tokens.unwrap_or(256),
         expose_backend_header: f.routing.expose_backend_header.unwrap_or(false),
+        p2c_above: f.routing.p2c_above.unwrap_or(16),
     };
 
     let h = &f.health;
@@ -674,6 +680,16 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
             Duration::from_secs(5),
         ),
         overload_waiting: h.overload_waiting.unwrap_or(0),
+        signals_interval: Duration::ZERO,
+    };
+    let health = HealthConfig {
+        signals_interval: zero_ok_duration(
+            &mut p,
+            "health.signals_interval",
+            &h.signals_interval,
+            health.interval,
+        ),
+        ..health
     };
 
     let base_timeouts = timeouts(&mut p, "timeouts", &f.timeouts, Timeouts::default());

@@ -153,6 +153,10 @@ pub struct BackendState {
     pub learned_max_concurrent: AtomicU64,
     /// Requests waiting inside the engine (vLLM `vllm:num_requests_waiting`), from the probe.
     pub engine_waiting: AtomicU64,
+    /// The engine's own load report, refreshed by the signals loop (see [`super::signals`]).
+    pub signals: ArcSwap<super::signals::Signals>,
+    /// Measured speeds (EWMAs), fed when requests settle (see [`super::speed`]).
+    pub speeds: super::speed::Speeds,
 }
 
 impl Default for BackendState {
@@ -176,6 +180,8 @@ impl BackendState {
             admitted_at_ms: AtomicU64::new(0),
             learned_max_concurrent: AtomicU64::new(0),
             engine_waiting: AtomicU64::new(0),
+            signals: ArcSwap::from_pointee(super::signals::Signals::default()),
+            speeds: super::speed::Speeds::default(),
         }
     }
 

@@ -91,7 +91,17 @@ impl Drop for HealthMonitor {
 }
 
 fn spawn_probe(backend: Arc<Backend>, cfg: HealthConfig) -> JoinHandle<()> {
+    // The engine's load signals are read by a loop of their own cadence in the same task, so
+    // aborting the task stops both.
+    let signals = super::signals::run(backend.clone(), cfg.clone());
+    let probe = probe_loop(backend, cfg);
     tokio::spawn(async move {
+        tokio::join!(probe, signals);
+    })
+}
+
+async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
+    {
         let mut last_discovery: Option<u64> = None;
         loop {
             // TGI's /info also carries its concurrency limit, so it is read even when the
@@ -130,7 +140,7 @@ fn spawn_probe(backend: Arc<Backend>, cfg: HealthConfig) -> JoinHandle<()> {
             let jitter = rand::rng().random_range(0.9..1.1);
             tokio::time::sleep(cfg.interval.mul_f64(jitter)).await;
         }
-    })
+    }
 }
 
 /// Update a backend's health from a probe outcome.
@@ -307,7 +317,10 @@ async fn probe_inner(backend: &Backend, discover: bool) -> ProbeOutcome {
     }
 }
 
-async fn get(backend: &Backend, path: &str) -> Result<(StatusCode, Bytes), ProbeOutcome> {
+pub(crate) async fn get(
+    backend: &Backend,
+    path: &str,
+) -> Result<(StatusCode, Bytes), ProbeOutcome> {
     let uri = backend
         .url_for(path)
         .map_err(|e| ProbeOutcome::Unhealthy(format!("bad probe URL: {e}")))?;

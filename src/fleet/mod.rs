@@ -9,6 +9,9 @@
 //! - [`queue`]: the gateway-side wait queue (per-backend caps, fair by tenant, with a deadline).
 //! - [`registration`]: members announced at run time through the admin API, with a TTL.
 //! - [`discovery`]: members found by resolving a DNS name, re-resolved periodically.
+//! - [`prom`]: a tolerant Prometheus text-format reader.
+//! - [`signals`]: engine load signals per kind (vLLM/TGI metrics, Ollama loaded models).
+//! - [`speed`]: measured EWMAs per backend (TTFT, prefill and decode speed) and per model.
 //!
 //! Invariants: a backend's state outlives config reloads as long as its name, kind and URL stay
 //! the same; load counters are only changed through guards, so every exit path releases them.
@@ -17,9 +20,12 @@ pub mod backend;
 pub mod discovery;
 pub mod health;
 pub mod load;
+pub mod prom;
 pub mod queue;
 pub mod registration;
 pub mod registry;
+pub mod signals;
+pub mod speed;
 
 pub use backend::{Backend, BackendState, Health};
 pub use load::LoadGuard;

@@ -151,8 +151,16 @@ async fn proxy(
     record.model = resolved.canonical.clone();
 
     let policy = resolved.policy.unwrap_or(config.routing.policy);
-    let expected_tokens =
-        fields.prompt_tokens_estimate + fields.expected_output(config.routing.default_max_tokens);
+    // Expected size: the prompt estimate corrected by what this model's responses reported,
+    // plus max_tokens or, when absent, the model's learned average output.
+    let shapes = gw.router.models.clone();
+    let prompt_estimate =
+        shapes.corrected_prompt(&resolved.canonical, fields.prompt_tokens_estimate);
+    let default_output = shapes
+        .output_tokens(&resolved.canonical)
+        .unwrap_or(config.routing.default_max_tokens);
+    let expected_tokens = prompt_estimate + fields.expected_output(default_output);
+    gw.router.set_p2c_above(config.routing.p2c_above);
     let permit = gw
         .limits
         .admit(&identity, &resolved.canonical, expected_tokens)
@@ -162,6 +170,7 @@ async fn proxy(
     let input = RouteInput {
         tokens: expected_tokens,
         prefix_hash: fields.prefix_hash,
+        prompt_tokens: prompt_estimate,
     };
     let streaming = fields.stream && endpoint != Endpoint::Embeddings;
     let deadline = Instant::now() + config.routing.failover_deadline;
@@ -221,6 +230,7 @@ async fn proxy(
         } else {
             timeouts.response
         };
+        let sent_after = record.started.elapsed();
         let mut guard = LoadGuard::new(backend.state.clone(), expected_tokens);
         if backend.cap().is_some() {
             guard = guard.waking(gw.queue.clone());
@@ -331,6 +341,13 @@ async fn proxy(
         if let Some(p) = permit.take() {
             settle.hooks.push(p.with_backend(backend.name()).into_hook());
         }
+        settle.hooks.push(observe::learn_hook(
+            backend.clone(),
+            shapes.clone(),
+            resolved.canonical.clone(),
+            fields.prompt_tokens_estimate,
+            sent_after,
+        ));
 
         let is_sse = parts
             .headers

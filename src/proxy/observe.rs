@@ -50,6 +50,9 @@ pub struct Outcome {
     pub usage: Option<Usage>,
     /// The backend produced the whole answer.
     pub complete: bool,
+    /// Since the request arrived: until the first token (streams), until the end.
+    pub ttft: Option<Duration>,
+    pub elapsed: Duration,
 }
 
 /// Work to do when a request is over.
@@ -90,6 +93,8 @@ impl Settle {
         let outcome = Outcome {
             usage: self.usage,
             complete: self.complete,
+            ttft: self.record.ttft,
+            elapsed: self.record.started.elapsed(),
         };
         for hook in self.hooks.drain(..) {
             hook(&outcome);
@@ -110,6 +115,44 @@ impl Drop for Settle {
         }
         self.run();
     }
+}
+
+/// A settlement hook that feeds what a finished request taught: the backend's speed EWMAs
+/// (TTFT, prefill and decode speed, from the moment it was sent there) and the model's output
+/// length and prompt-estimate correction. Only complete answers with a usage report count.
+pub fn learn_hook(
+    backend: Arc<Backend>,
+    shapes: Arc<crate::fleet::speed::ModelStats>,
+    model: String,
+    prompt_estimate: u64,
+    sent_after: Duration,
+) -> SettleHook {
+    Box::new(move |o: &Outcome| {
+        let (true, Some(u)) = (o.complete, o.usage) else {
+            return;
+        };
+        shapes.observe(
+            &model,
+            prompt_estimate,
+            u.prompt_tokens,
+            u.completion_tokens,
+        );
+        let busy = backend
+            .state
+            .inflight_requests
+            .load(std::sync::atomic::Ordering::Relaxed) as f64
+            + 1.0; // this request's guard is already released
+        backend.state.speeds.observe(
+            &crate::fleet::speed::Observation {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+                ttft: o.ttft.map(|t| t.saturating_sub(sent_after)),
+                total: o.elapsed.saturating_sub(sent_after),
+            },
+            busy,
+        );
+        m::backend_speeds(backend.name(), &backend.state.speeds);
+    })
 }
 
 /// Edits applied to each event of a stream (all off = pure pass-through).

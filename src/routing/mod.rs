@@ -11,16 +11,24 @@
 //! Policies:
 //! - `round-robin`: the next candidate in turn.
 //! - `least-request`: fewest in-flight requests per unit of weight.
-//! - `token-aware` (default): the lowest expected work ahead of this request — tokens in flight
-//!   at that backend plus this request's own tokens — per unit of weight.
+//! - `token-aware` (default): the lowest expected time to finish this request, from the
+//!   engine's queue, the gateway's tokens in flight and the measured speeds (see [`score`]);
+//!   a full scan up to `routing.p2c_above` eligible backends, power of two choices above.
 //! - `prefix-affinity`: rendezvous hashing of the conversation prefix, so repeated prefixes land
 //!   where their KV cache is warm; bounded by a load guard so a hot prefix cannot swamp a backend.
+//!
+//! Whatever the policy, an Ollama node known to have the model loaded is preferred over one
+//! known to have it cold (a model load costs seconds), and each decision is counted in
+//! `sluice_routing_decisions_total{policy,backend}`.
+
+pub mod score;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::PolicyKind;
+use crate::fleet::speed::ModelStats;
 use crate::fleet::Backend;
 use crate::openai::request::Fnv64;
 
@@ -30,7 +38,21 @@ pub struct RouteInput {
     /// Prompt plus expected output tokens.
     pub tokens: u64,
     pub prefix_hash: Option<u64>,
+    /// The prompt's share of `tokens` (the rest is expected output).
+    pub prompt_tokens: u64,
 }
+
+impl RouteInput {
+    fn score_request(&self) -> score::Request {
+        score::Request {
+            prompt_tokens: self.prompt_tokens.min(self.tokens),
+            output_tokens: self.tokens.saturating_sub(self.prompt_tokens),
+        }
+    }
+}
+
+/// Default of `routing.p2c_above`.
+pub const DEFAULT_P2C_ABOVE: usize = 16;
 
 /// How much more loaded than the average a prefix-affinity choice may be before the load guard
 /// sends the request elsewhere.
@@ -39,16 +61,37 @@ const AFFINITY_LOAD_FACTOR: f64 = 1.5;
 const AFFINITY_SLACK: f64 = 2.0;
 
 /// Per-policy routing state, shared by all requests.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Router {
     cursor: AtomicUsize,
     /// `health.slow_start` in milliseconds (0: off).
     slow_start_ms: AtomicU64,
+    /// `routing.p2c_above`.
+    p2c_above: AtomicUsize,
+    /// Learned per-model request shapes (output length, prompt estimate correction).
+    pub models: Arc<ModelStats>,
+}
+
+impl Default for Router {
+    fn default() -> Self {
+        Router {
+            cursor: AtomicUsize::new(0),
+            slow_start_ms: AtomicU64::new(0),
+            p2c_above: AtomicUsize::new(DEFAULT_P2C_ABOVE),
+            models: Arc::new(ModelStats::new()),
+        }
+    }
 }
 
 impl Router {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Set `routing.p2c_above`: above this many eligible backends token-aware scores two
+    /// random ones instead of all.
+    pub fn set_p2c_above(&self, n: usize) {
+        self.p2c_above.store(n.max(2), Ordering::Relaxed);
     }
 
     /// Set the slow-start window (from `health.slow_start`; zero turns it off).
@@ -68,7 +111,7 @@ impl Router {
     }
 
     /// Pick a candidate, skipping `tried` (indices into `candidates`). Returns its index.
-    pub fn pick<T>(
+    pub fn pick<T: AsRef<str>>(
         &self,
         policy: PolicyKind,
         candidates: &[(Arc<Backend>, T)],
@@ -104,21 +147,26 @@ impl Router {
             .copied()
             .filter(|i| candidates[*i].0.state.health().preferred())
             .collect();
-        let pool = if preferred.is_empty() {
+        let mut pool = if preferred.is_empty() {
             eligible
         } else {
             preferred
         };
+        // Never pay a model load when a warm node can serve.
+        let warm = |i: &usize| score::warm(&candidates[*i].0, candidates[*i].1.as_ref());
+        if pool.iter().any(|i| warm(i) == Some(true)) {
+            pool.retain(|i| warm(i) != Some(false));
+        }
         let backends: Vec<&Backend> = pool.iter().map(|i| candidates[*i].0.as_ref()).collect();
         let chosen = match policy {
             PolicyKind::RoundRobin => self.cursor.fetch_add(1, Ordering::Relaxed) % pool.len(),
             PolicyKind::LeastRequest => {
                 argmin(&backends, |b| load_of(b) / f64::from(b.config.weight))
             }
-            PolicyKind::TokenAware => argmin(&backends, |b| {
-                let tokens = b.state.inflight_tokens.load(Ordering::Relaxed) as f64;
-                (tokens + input.tokens as f64) / f64::from(b.config.weight)
-            }),
+            PolicyKind::TokenAware => {
+                let models: Vec<&str> = pool.iter().map(|i| candidates[*i].1.as_ref()).collect();
+                self.token_aware(&backends, &models, input)
+            }
             PolicyKind::PrefixAffinity => match input.prefix_hash {
                 Some(h) => affinity(&backends, h, input),
                 None => argmin(&backends, |b| {
@@ -127,7 +175,40 @@ impl Router {
                 }),
             },
         };
-        Some(pool[chosen])
+        let picked = pool[chosen];
+        metrics::counter!(
+            crate::telemetry::metrics::ROUTING_DECISIONS_TOTAL,
+            "policy" => policy.as_str(),
+            "backend" => candidates[picked].0.name().to_string()
+        )
+        .increment(1);
+        Some(picked)
+    }
+
+    /// The backend expected to finish this request soonest: all of them scored up to
+    /// `p2c_above`, two random ones above.
+    fn token_aware(&self, backends: &[&Backend], models: &[&str], input: RouteInput) -> usize {
+        let prior = score::Prior::of(backends);
+        let req = input.score_request();
+        let score_of = |i: usize| score::breakdown(backends[i], models[i], req, prior).score;
+        let n = backends.len();
+        if n > self.p2c_above.load(Ordering::Relaxed) {
+            let a = rand::random_range(0..n);
+            let b = (a + rand::random_range(1..n)) % n;
+            return if score_of(b) < score_of(a) { b } else { a };
+        }
+        let offset = rand::random_range(0..n);
+        let mut best = offset;
+        let mut best_score = f64::INFINITY;
+        for k in 0..n {
+            let i = (offset + k) % n;
+            let s = score_of(i);
+            if s < best_score {
+                best = i;
+                best_score = s;
+            }
+        }
+        best
     }
 }
 
@@ -214,6 +295,7 @@ mod tests {
     const INPUT: RouteInput = RouteInput {
         tokens: 100,
         prefix_hash: None,
+        prompt_tokens: 50,
     };
 
     #[test]
@@ -300,6 +382,7 @@ mod tests {
         let input = |h| RouteInput {
             tokens: 10,
             prefix_hash: Some(h),
+            prompt_tokens: 5,
         };
         let first = r
             .pick(PolicyKind::PrefixAffinity, &c, &[], input(42))

@@ -268,6 +268,7 @@ async fn admin_backends(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> R
                 "max_concurrent": b.cap(),
                 "slow_start_share": b.state.slow_start_share(rt.config.health.slow_start),
                 "engine_waiting": b.state.engine_waiting.load(Ordering::Relaxed),
+                "routing": crate::routing::score::admin_view(b),
                 "ever_healthy": t.ever_healthy,
                 "probe_ok_streak": t.probe_ok_streak,
                 "probe_fail_streak": t.probe_fail_streak,

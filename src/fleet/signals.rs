@@ -1,0 +1,396 @@
+//! Load signals read from the engines themselves, per backend kind, refreshed on the probe
+//! cadence (`health.signals_interval`):
+//!
+//! - vLLM `/metrics`: `vllm:num_requests_waiting`, `vllm:num_requests_running`,
+//!   `vllm:kv_cache_usage_perc` (falling back to the old `vllm:gpu_cache_usage_perc`), per
+//!   `model_name`, summed over `engine` (data-parallel ranks); prefix-cache counters.
+//! - TGI `/metrics`: `tgi_queue_size`, `tgi_batch_current_size`, `tgi_batch_current_max_tokens`;
+//!   `/info` `max_concurrent_requests` and `max_total_tokens` as capacity.
+//! - Ollama `/api/ps`: the models loaded now (routing prefers a warm node).
+//! - OpenAI-compatible: nothing to read; the gateway's own counts are used.
+//!
+//! The result is an immutable [`Signals`] snapshot published through an `ArcSwap` in
+//! [`super::BackendState::signals`]; routing reads it without a lock. A failed scrape keeps the
+//! previous snapshot, which then ages: [`Signals::fresh`] says whether it may still be trusted.
+//! Invariant: nothing a backend sends can panic this module (bodies are size-capped by the
+//! probe client and parsed tolerantly by [`super::prom`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::backend::now_ms;
+use super::prom::{self, Sample};
+use super::Backend;
+use crate::config::{BackendKind, HealthConfig};
+
+/// Re-read TGI's `/info` (capacity) this often.
+const INFO_EVERY_MS: u64 = 10_000;
+/// A snapshot older than this many scrape intervals is ignored by routing.
+const STALE_INTERVALS: u64 = 3;
+
+/// Load of one model on one engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ModelLoad {
+    pub running: f64,
+    pub waiting: f64,
+    /// 0..1.
+    pub kv_usage: Option<f64>,
+}
+
+/// What the engine last said about its load.
+#[derive(Debug, Clone, Default)]
+pub struct Signals {
+    /// When this was read (ms since process start; 0 = never).
+    pub at_ms: u64,
+    /// How often it is refreshed (to judge staleness).
+    pub interval_ms: u64,
+    /// Sum over models (vLLM) or the engine's single queue (TGI).
+    pub total: Option<ModelLoad>,
+    /// vLLM: per `model_name`.
+    pub per_model: HashMap<String, ModelLoad>,
+    /// TGI: token budget of the current batch.
+    pub batch_max_tokens: Option<f64>,
+    /// TGI `/info`.
+    pub max_concurrent: Option<u64>,
+    pub max_total_tokens: Option<u64>,
+    /// Batch slots learned from observation: the most requests seen running while others
+    /// waited (vLLM's `max_num_seqs`, or the KV cache's limit, whichever binds).
+    pub learned_slots: Option<u64>,
+    /// Ollama `/api/ps`: the names of the loaded models (`None`: unknown).
+    pub loaded: Option<Vec<String>>,
+    /// vLLM prefix cache counters (tokens), summed over models.
+    pub prefix_queries: Option<f64>,
+    pub prefix_hits: Option<f64>,
+}
+
+impl Signals {
+    /// Whether the snapshot is recent enough to route on.
+    pub fn fresh(&self) -> bool {
+        self.at_ms != 0
+            && now_ms().saturating_sub(self.at_ms)
+                <= self.interval_ms.max(100).saturating_mul(STALE_INTERVALS)
+    }
+
+    /// Load for `model` (the backend's name for it), else the engine total.
+    pub fn load_for(&self, model: &str) -> Option<ModelLoad> {
+        self.per_model.get(model).copied().or(self.total)
+    }
+
+    /// Whether `model` is loaded (Ollama); `None` when unknown.
+    pub fn is_loaded(&self, model: &str) -> Option<bool> {
+        let loaded = self.loaded.as_ref()?;
+        let bare = model.strip_suffix(":latest").unwrap_or(model);
+        Some(loaded.iter().any(|m| {
+            let mb = m.strip_suffix(":latest").unwrap_or(m);
+            mb == bare
+        }))
+    }
+}
+
+/// Read vLLM load from a `/metrics` exposition.
+pub fn parse_vllm(text: &str) -> Signals {
+    let samples = prom::parse(text);
+    let mut per_model: HashMap<String, ModelLoad> = HashMap::new();
+    let mut kv_new: HashMap<String, (f64, u32)> = HashMap::new();
+    let mut kv_old: HashMap<String, (f64, u32)> = HashMap::new();
+    let mut queries = None::<f64>;
+    let mut hits = None::<f64>;
+    for s in samples.iter().filter(|s| s.value.is_finite()) {
+        let model = s.label("model_name").unwrap_or("").to_string();
+        match s.name.as_str() {
+            "vllm:num_requests_running" => per_model.entry(model).or_default().running += s.value,
+            "vllm:num_requests_waiting" => per_model.entry(model).or_default().waiting += s.value,
+            // KV usage is a ratio per engine: average over engines.
+            "vllm:kv_cache_usage_perc" => add_avg(&mut kv_new, model, s.value),
+            "vllm:gpu_cache_usage_perc" => add_avg(&mut kv_old, model, s.value),
+            "vllm:prefix_cache_queries_total" | "vllm:prefix_cache_queries" => {
+                *queries.get_or_insert(0.0) += s.value
+            }
+            "vllm:prefix_cache_hits_total" | "vllm:prefix_cache_hits" => {
+                *hits.get_or_insert(0.0) += s.value
+            }
+            _ => {}
+        }
+    }
+    for (model, load) in per_model.iter_mut() {
+        load.kv_usage = kv_new
+            .get(model)
+            .or_else(|| kv_old.get(model))
+            .map(|(sum, n)| (sum / f64::from(*n)).clamp(0.0, 1.0));
+    }
+    let total = (!per_model.is_empty()).then(|| {
+        let mut t = ModelLoad::default();
+        let mut kv = Vec::new();
+        for l in per_model.values() {
+            t.running += l.running;
+            t.waiting += l.waiting;
+            kv.extend(l.kv_usage);
+        }
+        t.kv_usage = kv.into_iter().reduce(f64::max);
+        t
+    });
+    Signals {
+        total,
+        per_model,
+        prefix_queries: queries,
+        prefix_hits: hits,
+        ..Signals::default()
+    }
+}
+
+fn add_avg(map: &mut HashMap<String, (f64, u32)>, model: String, v: f64) {
+    let e = map.entry(model).or_insert((0.0, 0));
+    e.0 += v;
+    e.1 += 1;
+}
+
+/// Read TGI load from its `/metrics` (no model label: one model per TGI).
+pub fn parse_tgi(text: &str) -> Signals {
+    let samples: Vec<Sample> = prom::parse(text);
+    let get = |name: &str| prom::sum(&samples, name, |_| true);
+    let queue = get("tgi_queue_size");
+    let batch = get("tgi_batch_current_size");
+    let total = (queue.is_some() || batch.is_some()).then(|| ModelLoad {
+        running: batch.unwrap_or(0.0).max(0.0),
+        waiting: queue.unwrap_or(0.0).max(0.0),
+        kv_usage: None,
+    });
+    Signals {
+        total,
+        batch_max_tokens: get("tgi_batch_current_max_tokens"),
+        ..Signals::default()
+    }
+}
+
+#[derive(Deserialize)]
+struct TgiInfo {
+    max_concurrent_requests: Option<u64>,
+    max_total_tokens: Option<u64>,
+}
+
+/// TGI `/info` capacity: (max_concurrent_requests, max_total_tokens).
+pub fn parse_tgi_info(body: &[u8]) -> Option<(Option<u64>, Option<u64>)> {
+    let info: TgiInfo = serde_json::from_slice(body).ok()?;
+    Some((info.max_concurrent_requests, info.max_total_tokens))
+}
+
+#[derive(Deserialize)]
+struct OllamaPs {
+    #[serde(default)]
+    models: Vec<OllamaPsModel>,
+}
+#[derive(Deserialize)]
+struct OllamaPsModel {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    model: String,
+}
+
+/// The loaded models of an Ollama `/api/ps` answer.
+pub fn parse_ollama_ps(body: &[u8]) -> Option<Vec<String>> {
+    let ps: OllamaPs = serde_json::from_slice(body).ok()?;
+    Some(
+        ps.models
+            .into_iter()
+            .map(|m| if m.name.is_empty() { m.model } else { m.name })
+            .filter(|n| !n.is_empty())
+            .collect(),
+    )
+}
+
+/// Carry learned facts from the previous snapshot into a new one.
+fn merge(prev: &Signals, mut next: Signals) -> Signals {
+    if next.max_concurrent.is_none() {
+        next.max_concurrent = prev.max_concurrent;
+        next.max_total_tokens = prev.max_total_tokens;
+    }
+    next.learned_slots = prev.learned_slots;
+    if let Some(t) = next.total {
+        // Running while others wait = the batch is full: that many is the engine's limit now.
+        if t.waiting >= 1.0 && t.running >= 1.0 {
+            let seen = t.running as u64;
+            next.learned_slots = Some(match prev.learned_slots {
+                Some(s) if s > seen => s - (s - seen).div_ceil(8), // drift down slowly
+                _ => seen,
+            });
+        }
+    }
+    next
+}
+
+/// Scrape one backend's signals once and publish them. Failures keep the old snapshot.
+pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u64) {
+    let interval_ms = u64::try_from(cfg.signals_interval.as_millis()).unwrap_or(u64::MAX);
+    let timeout = cfg.timeout;
+    let get = |path: &'static str| async move {
+        match tokio::time::timeout(timeout, super::health::get(backend, path)).await {
+            Ok(Ok((status, body))) if status.is_success() => Some(body),
+            _ => None,
+        }
+    };
+    let next = match backend.kind() {
+        BackendKind::Vllm => {
+            let Some(body) = get("/metrics").await else {
+                return;
+            };
+            parse_vllm(&String::from_utf8_lossy(&body))
+        }
+        BackendKind::Tgi => {
+            let Some(body) = get("/metrics").await else {
+                return;
+            };
+            let mut s = parse_tgi(&String::from_utf8_lossy(&body));
+            if now_ms().saturating_sub(*last_info_ms) >= INFO_EVERY_MS || *last_info_ms == 0 {
+                if let Some((mc, mt)) = get("/info").await.as_deref().and_then(parse_tgi_info) {
+                    s.max_concurrent = mc;
+                    s.max_total_tokens = mt;
+                    *last_info_ms = now_ms().max(1);
+                }
+            }
+            s
+        }
+        BackendKind::Ollama => {
+            let Some(body) = get("/api/ps").await else {
+                return;
+            };
+            let Some(loaded) = parse_ollama_ps(&body) else {
+                return;
+            };
+            Signals {
+                loaded: Some(loaded),
+                ..Signals::default()
+            }
+        }
+        BackendKind::OpenAi => return,
+    };
+    let prev = backend.state.signals.load();
+    let mut next = merge(&prev, next);
+    next.at_ms = now_ms().max(1);
+    next.interval_ms = interval_ms;
+    if let Some(t) = next.total {
+        backend
+            .state
+            .engine_waiting
+            .store(t.waiting.max(0.0) as u64, Ordering::Relaxed);
+    }
+    crate::telemetry::metrics::backend_signals(backend.name(), &next);
+    backend.state.signals.store(Arc::new(next));
+}
+
+/// The signals loop of one backend: runs beside its health probe, forever.
+pub async fn run(backend: Arc<Backend>, cfg: HealthConfig) {
+    if backend.kind() == BackendKind::OpenAi || cfg.signals_interval.is_zero() {
+        return;
+    }
+    let mut last_info_ms = 0u64;
+    loop {
+        if backend.state.health().routable() {
+            refresh(&backend, &cfg, &mut last_info_ms).await;
+        }
+        let jitter = rand::random_range(0.9..1.1);
+        tokio::time::sleep(
+            cfg.signals_interval
+                .mul_f64(jitter)
+                .max(Duration::from_millis(10)),
+        )
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vllm_sums_engines_per_model_and_falls_back_to_gpu_cache() {
+        let text = "vllm:num_requests_running{engine=\"0\",model_name=\"a\"} 3\n\
+            vllm:num_requests_running{engine=\"1\",model_name=\"a\"} 2\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"a\"} 4\n\
+            vllm:num_requests_waiting{engine=\"1\",model_name=\"a\"} 1\n\
+            vllm:num_requests_waiting_by_reason{engine=\"0\",model_name=\"a\",reason=\"capacity\"} 99\n\
+            vllm:gpu_cache_usage_perc{engine=\"0\",model_name=\"a\"} 0.5\n\
+            vllm:gpu_cache_usage_perc{engine=\"1\",model_name=\"a\"} 0.7\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"b\"} 1\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"b\"} NaN\n\
+            vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"b\"} 0.1\n\
+            vllm:gpu_cache_usage_perc{engine=\"0\",model_name=\"b\"} 0.9\n";
+        let s = parse_vllm(text);
+        let a = s.load_for("a").unwrap();
+        assert_eq!((a.running, a.waiting), (5.0, 5.0));
+        assert!((a.kv_usage.unwrap() - 0.6).abs() < 1e-9);
+        let b = s.load_for("b").unwrap();
+        assert_eq!((b.running, b.waiting), (1.0, 0.0));
+        assert_eq!(b.kv_usage, Some(0.1), "new name preferred over the old");
+        let t = s.total.unwrap();
+        assert_eq!((t.running, t.waiting), (6.0, 5.0));
+        assert_eq!(s.load_for("unknown").unwrap().running, 6.0);
+    }
+
+    #[test]
+    fn vllm_real_capture() {
+        let text = include_str!("../../tests/fixtures/vllm-0.32.0/metrics-under-load.txt");
+        let s = parse_vllm(text);
+        let l = s.load_for("tiny").unwrap();
+        assert_eq!((l.running, l.waiting), (4.0, 12.0));
+        assert!((l.kv_usage.unwrap() - 0.2667).abs() < 1e-3);
+        assert_eq!(s.prefix_queries, Some(428.0));
+        let merged = merge(&Signals::default(), s);
+        assert_eq!(merged.learned_slots, Some(4));
+    }
+
+    #[test]
+    fn tgi_metrics_info_and_ollama_ps() {
+        let s = parse_tgi(
+            "# TYPE tgi_queue_size gauge\ntgi_queue_size 7\ntgi_batch_current_size 4\ntgi_batch_current_max_tokens 9000\n",
+        );
+        let t = s.total.unwrap();
+        assert_eq!((t.running, t.waiting), (4.0, 7.0));
+        assert_eq!(s.batch_max_tokens, Some(9000.0));
+        assert_eq!(
+            parse_tgi_info(
+                br#"{"model_id":"x","max_concurrent_requests":128,"max_total_tokens":4096}"#
+            ),
+            Some((Some(128), Some(4096)))
+        );
+        let loaded = parse_ollama_ps(
+            br#"{"models":[{"name":"llama3.2:latest","model":"llama3.2:latest","size":1}]}"#,
+        )
+        .unwrap();
+        let s = Signals {
+            loaded: Some(loaded),
+            ..Signals::default()
+        };
+        assert_eq!(s.is_loaded("llama3.2"), Some(true));
+        assert_eq!(s.is_loaded("llama3.2:latest"), Some(true));
+        assert_eq!(s.is_loaded("qwen"), Some(false));
+        assert_eq!(Signals::default().is_loaded("x"), None);
+        assert!(parse_ollama_ps(b"nope").is_none());
+    }
+
+    #[test]
+    fn learned_slots_follow_full_batches_and_capacity_carries_over() {
+        let prev = Signals {
+            max_concurrent: Some(10),
+            learned_slots: Some(16),
+            ..Signals::default()
+        };
+        let full = Signals {
+            total: Some(ModelLoad {
+                running: 8.0,
+                waiting: 3.0,
+                kv_usage: None,
+            }),
+            ..Signals::default()
+        };
+        let m = merge(&prev, full);
+        assert_eq!(m.max_concurrent, Some(10));
+        assert_eq!(m.learned_slots, Some(15));
+        let idle = Signals::default();
+        assert_eq!(merge(&m, idle).learned_slots, Some(15));
+    }
+}

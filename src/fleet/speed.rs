@@ -1,0 +1,222 @@
+//! What the gateway has measured about its backends and models, as exponentially weighted
+//! moving averages (EWMAs) updated when a request settles:
+//!
+//! - per backend ([`Speeds`], in [`super::BackendState::speeds`]): time to first token, prefill
+//!   speed (prompt tokens / TTFT), decode speed (completion tokens / (end − first token)) and
+//!   the whole request's duration;
+//! - per model ([`ModelStats`]): the average output length (used when a request sets no
+//!   `max_tokens`) and the ratio of reported prompt tokens to the gateway's estimate (so the
+//!   tokenizer-free estimate is corrected by what responses report).
+//!
+//! Invariant: every value is an `f64` stored as bits in an atomic, 0 meaning "no sample yet";
+//! updates are lock-free and a lost race only drops one sample's weight.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use dashmap::DashMap;
+
+/// Weight of a new sample.
+const ALPHA: f64 = 0.2;
+
+/// One EWMA (0 = no sample yet).
+#[derive(Debug, Default)]
+pub struct Ewma(AtomicU64);
+
+impl Ewma {
+    pub fn get(&self) -> Option<f64> {
+        let v = f64::from_bits(self.0.load(Ordering::Relaxed));
+        (v > 0.0 && v.is_finite()).then_some(v)
+    }
+
+    pub fn observe(&self, sample: f64) {
+        if !(sample.is_finite() && sample > 0.0) {
+            return;
+        }
+        let next = match self.get() {
+            None => sample,
+            Some(prev) => prev + ALPHA * (sample - prev),
+        };
+        self.0.store(next.to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// Measured speeds of one backend.
+#[derive(Debug, Default)]
+pub struct Speeds {
+    pub ttft_seconds: Ewma,
+    /// Prompt tokens per second, per request (includes the queueing inside the engine).
+    pub prefill_tps: Ewma,
+    /// Completion tokens per second, per request, at the batch sizes it ran with.
+    pub decode_tps: Ewma,
+    /// Whole request duration.
+    pub service_seconds: Ewma,
+    /// Requests in flight at the backend when samples were taken, plus one (so 0 is valid).
+    busy_plus_one: Ewma,
+    pub samples: AtomicU64,
+}
+
+/// One finished request, as settlement saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct Observation {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    /// Until the first token (streams only).
+    pub ttft: Option<Duration>,
+    /// Until the end.
+    pub total: Duration,
+}
+
+/// Below this many tokens the decode-speed sample is mostly noise.
+const MIN_DECODE_TOKENS: u64 = 4;
+
+impl Speeds {
+    /// The typical number of requests in flight when the speeds were measured.
+    pub fn busy_seen(&self) -> Option<f64> {
+        self.busy_plus_one.get().map(|v| (v - 1.0).max(0.0))
+    }
+
+    /// Record one finished request; `busy` is the backend's in-flight count as it ended.
+    pub fn observe(&self, o: &Observation, busy: f64) {
+        self.busy_plus_one.observe(busy.max(0.0) + 1.0);
+        let total = o.total.as_secs_f64();
+        self.service_seconds.observe(total);
+        self.samples.fetch_add(1, Ordering::Relaxed);
+        match o.ttft {
+            Some(ttft) => {
+                let ttft = ttft.as_secs_f64().max(1e-4);
+                self.ttft_seconds.observe(ttft);
+                if o.prompt_tokens > 0 {
+                    self.prefill_tps.observe(o.prompt_tokens as f64 / ttft);
+                }
+                let decode = (total - ttft).max(1e-4);
+                if o.completion_tokens >= MIN_DECODE_TOKENS {
+                    // the first token came with the prefill
+                    self.decode_tps
+                        .observe((o.completion_tokens - 1) as f64 / decode);
+                }
+            }
+            None => {
+                // Not streamed: no split; attribute the whole time to decoding when there is
+                // output (it dominates), which keeps relative speeds right.
+                if o.completion_tokens >= MIN_DECODE_TOKENS {
+                    self.decode_tps
+                        .observe(o.completion_tokens as f64 / total.max(1e-4));
+                }
+            }
+        }
+    }
+}
+
+/// Per-model learned request shape.
+#[derive(Debug, Default)]
+pub struct ModelShape {
+    pub output_tokens: Ewma,
+    /// Reported prompt tokens / estimated prompt tokens.
+    pub prompt_ratio: Ewma,
+}
+
+/// Learned shapes of all models (client-facing canonical names).
+#[derive(Debug, Default)]
+pub struct ModelStats {
+    models: DashMap<String, ModelShape>,
+}
+
+/// Bounds on the prompt correction, so one odd response cannot distort routing.
+const RATIO_BOUNDS: (f64, f64) = (0.25, 4.0);
+/// At most this many models are tracked (names come from config, but be safe).
+const MAX_MODELS: usize = 4096;
+
+impl ModelStats {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Record what a finished request reported.
+    pub fn observe(&self, model: &str, estimated_prompt: u64, prompt: u64, completion: u64) {
+        if !self.models.contains_key(model) && self.models.len() >= MAX_MODELS {
+            return;
+        }
+        let shape = self.models.entry(model.to_string()).or_default();
+        shape.output_tokens.observe(completion as f64);
+        if estimated_prompt > 0 && prompt > 0 {
+            let r = (prompt as f64 / estimated_prompt as f64).clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
+            shape.prompt_ratio.observe(r);
+        }
+    }
+
+    /// Average output tokens of `model`, once learned.
+    pub fn output_tokens(&self, model: &str) -> Option<u64> {
+        let v = self.models.get(model)?.output_tokens.get()?;
+        Some(v.round().max(1.0) as u64)
+    }
+
+    /// `estimate` corrected by what responses of `model` reported.
+    pub fn corrected_prompt(&self, model: &str, estimate: u64) -> u64 {
+        match self.models.get(model).and_then(|s| s.prompt_ratio.get()) {
+            Some(r) => (estimate as f64 * r).round() as u64,
+            None => estimate,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ewma_starts_at_first_sample_and_moves_by_alpha() {
+        let e = Ewma::default();
+        assert_eq!(e.get(), None);
+        e.observe(10.0);
+        assert_eq!(e.get(), Some(10.0));
+        e.observe(20.0);
+        assert!((e.get().unwrap() - 12.0).abs() < 1e-9);
+        e.observe(f64::NAN);
+        e.observe(-1.0);
+        assert!((e.get().unwrap() - 12.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn speeds_split_prefill_and_decode() {
+        let s = Speeds::default();
+        s.observe(
+            &Observation {
+                prompt_tokens: 1000,
+                completion_tokens: 101,
+                ttft: Some(Duration::from_millis(500)),
+                total: Duration::from_millis(2500),
+            },
+            0.0,
+        );
+        assert!((s.prefill_tps.get().unwrap() - 2000.0).abs() < 1e-6);
+        assert!((s.decode_tps.get().unwrap() - 50.0).abs() < 1e-6);
+        assert!((s.ttft_seconds.get().unwrap() - 0.5).abs() < 1e-9);
+        // tiny outputs do not move the decode speed
+        s.observe(
+            &Observation {
+                prompt_tokens: 10,
+                completion_tokens: 1,
+                ttft: Some(Duration::from_millis(10)),
+                total: Duration::from_millis(11),
+            },
+            2.0,
+        );
+        assert!((s.busy_seen().unwrap() - 0.4).abs() < 1e-9);
+        assert!((s.decode_tps.get().unwrap() - 50.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn model_stats_learn_output_and_correct_estimates() {
+        let m = ModelStats::new();
+        assert_eq!(m.output_tokens("a"), None);
+        assert_eq!(m.corrected_prompt("a", 100), 100);
+        m.observe("a", 100, 150, 40);
+        assert_eq!(m.output_tokens("a"), Some(40));
+        assert_eq!(m.corrected_prompt("a", 100), 150);
+        m.observe("a", 100, 100_000, 40);
+        // clamped to 4x, then averaged
+        let c = m.corrected_prompt("a", 100);
+        assert!((150..=200).contains(&c), "{c}");
+    }
+}

@@ -1,0 +1,371 @@
+//! The token-aware score: the expected time, in seconds, for this request to finish on a
+//! backend, from what the engine reports, what the gateway has in flight there and what it
+//! has measured.
+//!
+//! ```text
+//! busy      = max(gateway in-flight requests, engine running + waiting)   (engine: if fresh)
+//! slots     = max_concurrent (config) | TGI /info | learned full batch | per-kind default
+//! ahead     = max(0, busy + 1 − slots)                  requests queued before this one
+//! remaining = (tokens in flight / gateway in-flight) / decode_now   per running request
+//! wait      = ahead × remaining / slots
+//! decode_now= decode_tps × (1 + busy_seen/slots) / (1 + busy/slots)  (batching slows decode)
+//! T         = wait + prompt / prefill_tps + output / decode_now
+//!             (+ KV pressure above 90%, + a model load when Ollama has it cold)
+//! score     = T / weight
+//! ```
+//!
+//! Speeds without measurements take the fleet's average of the candidates that have one
+//! (else a fixed prior), so a new backend is neither shunned nor flooded; measurements then
+//! move each backend to what it actually delivers, which is how a slow and a fast GPU end up
+//! sharing the load in proportion to their speed without configuration.
+//!
+//! Invariant: the score is finite and non-negative for any input (no division by zero).
+
+use std::sync::atomic::Ordering;
+
+use crate::config::BackendKind;
+use crate::fleet::Backend;
+
+/// Prior prefill speed (tokens/s per request) before anything is measured.
+pub const PRIOR_PREFILL_TPS: f64 = 4000.0;
+/// Prior decode speed (tokens/s per request) before anything is measured.
+pub const PRIOR_DECODE_TPS: f64 = 40.0;
+/// What a cold Ollama model costs to load, when nothing better is known.
+pub const COLD_LOAD_SECONDS: f64 = 30.0;
+/// KV usage above which preemption risk is priced in.
+const KV_PRESSURE: f64 = 0.9;
+
+/// Batch slots assumed when neither config, engine nor observation tell.
+fn default_slots(kind: BackendKind) -> f64 {
+    match kind {
+        BackendKind::Vllm => 256.0,
+        BackendKind::Tgi => 128.0,
+        BackendKind::Ollama => 1.0, // OLLAMA_NUM_PARALLEL defaults to 1
+        BackendKind::OpenAi => 64.0,
+    }
+}
+
+/// What the score knows of the request.
+#[derive(Debug, Clone, Copy)]
+pub struct Request {
+    pub prompt_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// Fleet-wide speed averages, used for backends not measured yet.
+#[derive(Debug, Clone, Copy)]
+pub struct Prior {
+    pub prefill_tps: f64,
+    pub decode_tps: f64,
+}
+
+impl Prior {
+    /// The average of the measured candidates, else the fixed priors.
+    pub fn of(backends: &[&Backend]) -> Prior {
+        let avg = |f: &dyn Fn(&Backend) -> Option<f64>, default: f64| {
+            let v: Vec<f64> = backends.iter().filter_map(|b| f(b)).collect();
+            if v.is_empty() {
+                default
+            } else {
+                v.iter().sum::<f64>() / v.len() as f64
+            }
+        };
+        Prior {
+            prefill_tps: avg(&|b| b.state.speeds.prefill_tps.get(), PRIOR_PREFILL_TPS),
+            decode_tps: avg(&|b| b.state.speeds.decode_tps.get(), PRIOR_DECODE_TPS),
+        }
+    }
+}
+
+/// The inputs and result of one backend's score (also shown in `/admin/backends`).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Breakdown {
+    pub busy: f64,
+    pub slots: f64,
+    pub queued_ahead: f64,
+    pub wait_seconds: f64,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub penalty_seconds: f64,
+    pub expected_seconds: f64,
+    pub score: f64,
+}
+
+/// Batch slots of a backend, best source first.
+pub fn slots(b: &Backend) -> f64 {
+    if let Some(c) = b.cap() {
+        return (c as f64).max(1.0);
+    }
+    let sig = b.state.signals.load();
+    if let Some(s) = sig.learned_slots {
+        return (s as f64).max(1.0);
+    }
+    if let Some(s) = sig.max_concurrent {
+        return (s as f64).max(1.0);
+    }
+    default_slots(b.kind())
+}
+
+/// Expected seconds to finish `req` on `b` (serving it as `model`).
+pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakdown {
+    let st = &b.state;
+    let gw_busy = st.inflight_requests.load(Ordering::Relaxed) as f64;
+    let gw_tokens = st.inflight_tokens.load(Ordering::Relaxed) as f64;
+    let sig = st.signals.load();
+    let engine = sig.fresh().then(|| sig.load_for(model)).flatten();
+    let engine_busy = engine.map_or(0.0, |l| l.running + l.waiting);
+    let busy = gw_busy.max(engine_busy);
+    let slots = slots(b);
+
+    let prefill_tps = st
+        .speeds
+        .prefill_tps
+        .get()
+        .unwrap_or(prior.prefill_tps)
+        .max(1.0);
+    let decode_tps = st
+        .speeds
+        .decode_tps
+        .get()
+        .unwrap_or(prior.decode_tps)
+        .max(0.01);
+    let busy_seen = st.speeds.busy_seen().unwrap_or(busy);
+    // Decode per token grows with the batch: scale the measured speed from the batch it was
+    // seen at to the batch this request would join.
+    let decode_now =
+        decode_tps * (1.0 + busy_seen.min(slots) / slots) / (1.0 + (busy + 1.0).min(slots) / slots);
+
+    let queued_ahead = (busy + 1.0 - slots).max(0.0);
+    let per_request_tokens = if gw_busy >= 1.0 {
+        gw_tokens / gw_busy
+    } else {
+        (req.prompt_tokens + req.output_tokens) as f64
+    };
+    let remaining = st
+        .speeds
+        .service_seconds
+        .get()
+        .map_or(per_request_tokens / decode_now, |s| {
+            s.min(per_request_tokens / decode_now)
+        });
+    let wait_seconds = queued_ahead * remaining / slots;
+    let prefill_seconds = req.prompt_tokens as f64 / prefill_tps;
+    let decode_seconds = req.output_tokens as f64 / decode_now;
+
+    let mut penalty_seconds = 0.0;
+    if let Some(kv) = engine.and_then(|l| l.kv_usage) {
+        if kv > KV_PRESSURE {
+            penalty_seconds += (kv - KV_PRESSURE) * 10.0 * (prefill_seconds + decode_seconds);
+        }
+    }
+    if b.kind() == BackendKind::Ollama && sig.is_loaded(model) == Some(false) {
+        penalty_seconds += COLD_LOAD_SECONDS;
+    }
+    let expected = wait_seconds + prefill_seconds + decode_seconds + penalty_seconds;
+    let expected = if expected.is_finite() {
+        expected.max(0.0)
+    } else {
+        f64::MAX
+    };
+    Breakdown {
+        busy,
+        slots,
+        queued_ahead,
+        wait_seconds,
+        prefill_seconds,
+        decode_seconds,
+        penalty_seconds,
+        expected_seconds: expected,
+        score: expected / f64::from(b.config.weight.max(1)),
+    }
+}
+
+/// Whether the backend is an Ollama node known to have `model` loaded (`Some(false)`: known
+/// cold; `None`: not Ollama or unknown).
+pub fn warm(b: &Backend, model: &str) -> Option<bool> {
+    if b.kind() != BackendKind::Ollama {
+        return None;
+    }
+    b.state.signals.load().is_loaded(model)
+}
+
+/// The score inputs of a backend for `/admin/backends`: engine signals, measured speeds and
+/// the breakdown of a reference request (1000 prompt + 200 output tokens) on its first model.
+pub fn admin_view(b: &Backend) -> serde_json::Value {
+    let sig = b.state.signals.load();
+    let sp = &b.state.speeds;
+    let model = b.model_names().into_iter().next().unwrap_or_default();
+    let backend_model = b.serves(&model).unwrap_or(model);
+    let reference = breakdown(
+        b,
+        &backend_model,
+        Request {
+            prompt_tokens: 1000,
+            output_tokens: 200,
+        },
+        Prior::of(&[b]),
+    );
+    serde_json::json!({
+        "signals": {
+            "fresh": sig.fresh(),
+            "age_ms": (sig.at_ms > 0).then(|| crate::fleet::backend::now_ms().saturating_sub(sig.at_ms)),
+            "running": sig.total.map(|t| t.running),
+            "waiting": sig.total.map(|t| t.waiting),
+            "kv_cache_usage": sig.total.and_then(|t| t.kv_usage),
+            "batch_max_tokens": sig.batch_max_tokens,
+            "max_concurrent": sig.max_concurrent,
+            "max_total_tokens": sig.max_total_tokens,
+            "learned_slots": sig.learned_slots,
+            "loaded_models": sig.loaded,
+            "prefix_cache_queries": sig.prefix_queries,
+            "prefix_cache_hits": sig.prefix_hits,
+        },
+        "speeds": {
+            "ttft_seconds": sp.ttft_seconds.get(),
+            "prefill_tokens_per_second": sp.prefill_tps.get(),
+            "decode_tokens_per_second": sp.decode_tps.get(),
+            "service_seconds": sp.service_seconds.get(),
+            "busy_seen": sp.busy_seen(),
+            "samples": sp.samples.load(Ordering::Relaxed),
+        },
+        "slots": reference.slots,
+        "reference_request": reference,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BackendConfig, Timeouts};
+    use crate::fleet::signals::{ModelLoad, Signals};
+    use crate::fleet::speed::Observation;
+    use crate::fleet::{BackendState, LoadGuard};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn backend(kind: BackendKind, max_concurrent: Option<u32>) -> Backend {
+        Backend::new(
+            BackendConfig {
+                name: "b".into(),
+                kind,
+                url: "http://127.0.0.1:1".parse().unwrap(),
+                models: vec!["m".into()],
+                model_names: Default::default(),
+                api_key: None,
+                weight: 1,
+                max_concurrent,
+                health_path: None,
+                timeouts: Timeouts::default(),
+            },
+            Arc::new(BackendState::new()),
+        )
+    }
+
+    const REQ: Request = Request {
+        prompt_tokens: 1000,
+        output_tokens: 100,
+    };
+    const PRIOR: Prior = Prior {
+        prefill_tps: 1000.0,
+        decode_tps: 50.0,
+    };
+
+    fn measure(b: &Backend, decode_tps: f64) {
+        for _ in 0..10 {
+            b.state.speeds.observe(
+                &Observation {
+                    prompt_tokens: 1000,
+                    completion_tokens: 101,
+                    ttft: Some(Duration::from_millis(500)),
+                    total: Duration::from_secs_f64(0.5 + 100.0 / decode_tps),
+                },
+                1.0,
+            );
+        }
+    }
+
+    #[test]
+    fn idle_backend_costs_prefill_plus_decode() {
+        let b = backend(BackendKind::Vllm, None);
+        let s = breakdown(&b, "m", REQ, PRIOR);
+        assert_eq!(s.wait_seconds, 0.0);
+        assert!((s.prefill_seconds - 1.0).abs() < 1e-9);
+        // decode at a batch of 1 of 256 slots: about 2.0 s
+        assert!((s.decode_seconds - 2.0).abs() < 0.05, "{s:?}");
+        assert!(s.score.is_finite());
+    }
+
+    #[test]
+    fn measured_fast_backend_scores_lower_than_slow() {
+        let fast = backend(BackendKind::Vllm, None);
+        let slow = backend(BackendKind::Vllm, None);
+        measure(&fast, 100.0);
+        measure(&slow, 25.0);
+        let prior = Prior::of(&[&fast, &slow]);
+        assert!((prior.decode_tps - 62.5).abs() < 1.0);
+        let f = breakdown(&fast, "m", REQ, prior);
+        let s = breakdown(&slow, "m", REQ, prior);
+        assert!(f.score * 2.5 < s.score, "{f:?} vs {s:?}");
+    }
+
+    #[test]
+    fn a_deep_engine_queue_costs_waiting_time() {
+        let b = backend(BackendKind::Vllm, None);
+        let quiet = breakdown(&b, "m", REQ, PRIOR);
+        let mut sig = Signals {
+            at_ms: crate::fleet::backend::now_ms().max(1),
+            interval_ms: 1000,
+            learned_slots: Some(4),
+            ..Signals::default()
+        };
+        sig.per_model.insert(
+            "m".into(),
+            ModelLoad {
+                running: 4.0,
+                waiting: 20.0,
+                kv_usage: Some(0.5),
+            },
+        );
+        b.state.signals.store(Arc::new(sig));
+        let busy = breakdown(&b, "m", REQ, PRIOR);
+        assert_eq!(busy.busy, 24.0);
+        assert_eq!(busy.queued_ahead, 21.0);
+        assert!(busy.wait_seconds > 5.0, "{busy:?}");
+        assert!(busy.score > quiet.score * 3.0);
+        // a stale snapshot is ignored
+        let mut old = (**b.state.signals.load()).clone();
+        old.at_ms = 1;
+        b.state.signals.store(Arc::new(old));
+        if crate::fleet::backend::now_ms() > 10_000 {
+            assert_eq!(breakdown(&b, "m", REQ, PRIOR).busy, 0.0);
+        }
+    }
+
+    #[test]
+    fn gateway_tokens_in_flight_count_at_a_capped_backend() {
+        let b = backend(BackendKind::Vllm, Some(2));
+        let _g: Vec<_> = (0..4)
+            .map(|_| LoadGuard::new(b.state.clone(), 2000))
+            .collect();
+        let s = breakdown(&b, "m", REQ, PRIOR);
+        assert_eq!(s.slots, 2.0);
+        assert_eq!(s.queued_ahead, 3.0);
+        assert!(s.wait_seconds > 10.0, "{s:?}");
+    }
+
+    #[test]
+    fn cold_ollama_pays_a_load_and_weights_divide() {
+        let b = backend(BackendKind::Ollama, None);
+        b.state.signals.store(Arc::new(Signals {
+            at_ms: crate::fleet::backend::now_ms().max(1),
+            interval_ms: 1000,
+            loaded: Some(vec!["other:latest".into()]),
+            ..Signals::default()
+        }));
+        assert_eq!(warm(&b, "m"), Some(false));
+        let s = breakdown(&b, "m", REQ, PRIOR);
+        assert!(s.penalty_seconds >= COLD_LOAD_SECONDS);
+        let v = backend(BackendKind::Vllm, None);
+        assert_eq!(warm(&v, "m"), None);
+    }
+}
