@@ -125,7 +125,14 @@ pub async fn serve_gateway(
     let gw_for_stop = gw.clone();
     tokio::spawn(async move {
         shutdown.await;
+        // Readiness goes first; the listeners close after `shutdown_delay`, so a load balancer
+        // (Kubernetes endpoints) stops sending before connections are refused.
         gw_for_stop.set_unready();
+        let delay = gw_for_stop.runtime().config.server.shutdown_delay;
+        if !delay.is_zero() {
+            tracing::info!(?delay, "unready; closing the listeners after the shutdown delay");
+            tokio::time::sleep(delay).await;
+        }
         let _ = stop_tx.send(true);
     });
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

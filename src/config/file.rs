@@ -132,6 +132,9 @@ pub struct ServerSection {
     pub max_response_bytes: Option<u64>,
     /// How long in-flight requests may run after SIGTERM, e.g. "30s".
     pub shutdown_grace: Option<String>,
+    /// After SIGTERM, how long `/readyz` answers 503 while everything is still served, before
+    /// the listener closes (lets a load balancer or Kubernetes stop sending first; default "0s").
+    pub shutdown_delay: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -89,6 +89,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     pub max_response_bytes: usize,
     pub shutdown_grace: Duration,
+    /// Unready-but-serving time between SIGTERM and closing the listener.
+    pub shutdown_delay: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -595,6 +597,12 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
             "server.shutdown_grace",
             &f.server.shutdown_grace,
             Duration::from_secs(30),
+        ),
+        shutdown_delay: zero_ok_duration(
+            &mut p,
+            "server.shutdown_delay",
+            &f.server.shutdown_delay,
+            Duration::ZERO,
         ),
     };
 

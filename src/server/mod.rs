@@ -9,6 +9,7 @@
 //! force when it was accepted ([`tls::ServerTls`] swaps it on file change).
 
 pub mod dashboard;
+pub mod guard;
 pub mod routes;
 pub mod tls;
 

@@ -52,20 +52,24 @@ pub fn admin(gw: Arc<Gateway>) -> Router {
 fn ops_routes() -> Router<Arc<Gateway>> {
     Router::new()
         .route("/metrics", get(metrics))
-        .route("/admin/backends", get(admin_backends).post(register_backend))
+        .route(
+            "/admin/backends",
+            get(admin_backends).post(register_backend),
+        )
         .route(
             "/admin/backends/{name}",
             axum::routing::delete(deregister_backend),
         )
         .route("/admin/backends/{name}/heartbeat", post(heartbeat_backend))
         .route("/admin/usage", get(admin_usage))
+        .route("/admin/summary", get(admin_summary))
+        .route("/dashboard", get(dashboard))
 }
 
 fn finish(r: Router<Arc<Gateway>>, gw: Arc<Gateway>) -> Router {
-        .route("/admin/summary", get(admin_summary))
-        .route("/dashboard", get(dashboard))
     r.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(super::guard::request_guard))
         .with_state(gw)
 }
 
@@ -211,10 +215,6 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
         .into_response()
 }
 
-/// Usage per key, tenant, model and backend since the process started (survives reloads).
-async fn admin_usage(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    if let Err(r) = admin_allowed(&gw, &headers) {
-        return r;
 /// The fleet, gateway totals and tenants' usage against their limits (the dashboard's data).
 async fn admin_summary(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     if let Err(r) = admin_allowed(&gw, &headers) {
@@ -233,6 +233,10 @@ async fn dashboard(State(gw): State<Arc<Gateway>>, headers: HeaderMap, uri: Uri)
     super::dashboard::page()
 }
 
+/// Usage per key, tenant, model and backend since the process started (survives reloads).
+async fn admin_usage(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if let Err(r) = admin_allowed(&gw, &headers) {
+        return r;
     }
     Json(gw.limits.usage_report()).into_response()
 }
@@ -330,7 +334,11 @@ async fn register_backend(
         tracing::info!(backend = %name, ttl_ms = ttl.as_millis() as u64, "backend registered");
         gw.rebuild();
     }
-    let status = if changed { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if changed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     (
         status,
         Json(json!({"name": name, "ttl_ms": ttl.as_millis() as u64})),

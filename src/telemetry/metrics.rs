@@ -19,6 +19,7 @@ pub const BACKEND_INFLIGHT_TOKENS: &str = "sluice_backend_inflight_tokens";
 pub const BACKEND_STATE: &str = "sluice_backend_state";
 pub const FAILOVERS_TOTAL: &str = "sluice_failovers_total";
 pub const STREAM_INTERRUPTIONS_TOTAL: &str = "sluice_stream_interruptions_total";
+pub const PANICS_TOTAL: &str = "sluice_panics_total";
 /// Active health probes by `backend` and `result` (ok|busy|refused|unhealthy).
 pub const PROBES_TOTAL: &str = "sluice_backend_probes_total";
 /// Ejections by live-traffic failures, per `backend`.
