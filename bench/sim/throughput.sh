@@ -4,7 +4,7 @@
 #
 # Usage: bench/sim/throughput.sh [duration_seconds] [connections]
 # Env: WRK_THREADS (load generator threads, default 1), SIM_THREADS (simulator serving threads,
-#      default 1), SLUICE_BIN (binary to run, default target/release/sluice).
+#      default 2), SLUICE_BIN (binary to run, default target/release/sluice).
 # Needs: wrk (https://github.com/wg/wrk). Builds the release binary if needed.
 # Prints requests/s for GET /health (the cheapest route: the baseline of the same run) and for
 # POST /v1/chat/completions on each personality, and the ratio chat/health.
@@ -13,7 +13,7 @@ set -euo pipefail
 DURATION="${1:-10}"
 CONNS="${2:-64}"
 THREADS="${WRK_THREADS:-1}"
-SIM_THREADS="${SIM_THREADS:-1}"
+SIM_THREADS="${SIM_THREADS:-2}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 BIN="${SLUICE_BIN:-$ROOT/target/release/sluice}"

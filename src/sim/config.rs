@@ -429,7 +429,7 @@ pub struct SimArgs {
     pub fault_seconds: Option<f64>,
     /// Serving threads: N >= 1 dedicated single-threaded runtimes sharing the listening socket;
     /// 0 = share the process runtime.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 2)]
     pub threads: usize,
 }
 
