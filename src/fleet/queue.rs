@@ -29,9 +29,20 @@ pub enum QueueError {
     Timeout,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+/// A virtual finish time, totally ordered (`f64::total_cmp`) so it can key a `BTreeMap`.
+#[derive(Debug, Clone, Copy)]
 struct Tag(f64);
+impl PartialEq for Tag {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
 impl Eq for Tag {}
+impl PartialOrd for Tag {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 impl Ord for Tag {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.0.total_cmp(&other.0)
