@@ -208,7 +208,7 @@ async fn concurrency_cap_queues_then_times_out_with_retry_after() {
         let (c, url) = (c.clone(), g.url("/v1/chat/completions"));
         tasks.push(tokio::spawn(async move {
             c.post(url)
-                .json(&chat_body("m", false, 3))
+                .json(&chat_body("m", false, 20))
                 .send()
                 .await
                 .unwrap()

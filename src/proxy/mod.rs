@@ -338,6 +338,7 @@ async fn proxy(
         out_headers.extend(limit_headers.clone());
         let mut settle = Settle::new(take_record(record));
         settle.guard = Some(guard);
+        settle.prompt_estimate = fields.prompt_tokens_estimate;
         if let Some(p) = permit.take() {
             settle.hooks.push(p.with_backend(backend.name()).into_hook());
         }

@@ -65,6 +65,11 @@ pub struct Settle {
     pub hooks: Vec<SettleHook>,
     pub usage: Option<Usage>,
     pub complete: bool,
+    /// The gateway's estimate of the prompt's tokens (charged when a stream ends without a
+    /// usage report after output was produced: a cut stream is not free).
+    pub prompt_estimate: u64,
+    /// Text-bearing events streamed to the client (≈ tokens).
+    pub streamed_tokens: u64,
     done: bool,
 }
 
@@ -76,6 +81,8 @@ impl Settle {
             hooks: Vec::new(),
             usage: None,
             complete: false,
+            prompt_estimate: 0,
+            streamed_tokens: 0,
             done: false,
         }
     }
@@ -85,6 +92,15 @@ impl Settle {
             return;
         }
         self.done = true;
+        if self.usage.is_none() && self.streamed_tokens > 0 {
+            // Output was produced but no usage came (cut, or the client left): charge the
+            // estimate, so interrupting a stream is not a way around token limits.
+            self.usage = Some(Usage {
+                prompt_tokens: self.prompt_estimate,
+                completion_tokens: self.streamed_tokens,
+            });
+            self.record.usage_estimated = true;
+        }
         if let Some(u) = self.usage {
             self.record.prompt_tokens = Some(u.prompt_tokens);
             self.record.completion_tokens = Some(u.completion_tokens);
@@ -362,6 +378,7 @@ impl ObservedStream {
                 self.saw_text = true;
                 self.settle.record.ttft = Some(self.settle.record.started.elapsed());
             }
+            self.settle.streamed_tokens += 1;
             if let Some(g) = self.settle.guard.as_mut() {
                 g.release_tokens(1);
             }

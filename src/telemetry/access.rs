@@ -24,6 +24,8 @@ pub struct AccessRecord {
     pub error: Option<String>,
     /// The client went away before the end.
     pub cancelled: bool,
+    /// The token counts are the gateway's estimate (the backend reported none).
+    pub usage_estimated: bool,
 }
 
 impl AccessRecord {
@@ -43,6 +45,7 @@ impl AccessRecord {
             started,
             error: None,
             cancelled: false,
+            usage_estimated: false,
         }
     }
 
@@ -67,6 +70,7 @@ impl AccessRecord {
             duration_ms = duration.as_secs_f64() * 1000.0,
             error = self.error.as_deref(),
             cancelled = self.cancelled,
+            usage_estimated = self.usage_estimated,
             "request"
         );
         let labels = [
