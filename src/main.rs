@@ -38,6 +38,14 @@ enum Command {
         #[command(subcommand)]
         action: KeyAction,
     },
+    /// GET a URL and exit 0 on a 2xx answer (a container HEALTHCHECK without curl).
+    Probe {
+        #[arg(long, default_value = "http://127.0.0.1:8080/healthz")]
+        url: String,
+        /// Give up after this long, e.g. "2s".
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
 }
 
 #[derive(Subcommand)]
@@ -63,6 +71,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("\nAdd to the config (the key itself is not stored anywhere):\n\n[[keys]]\nname = \"{name}\"\nhash = \"{hash}\"");
             Ok(())
         }
+        Command::Probe { url, timeout } => runtime()?.block_on(probe(url, timeout)),
         Command::Serve { config } => runtime()?.block_on(serve(config)),
         Command::Demo(args) => runtime()?.block_on(async move {
             sluice::telemetry::logs::init();
@@ -141,6 +150,38 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     sluice::serve_gateway(gw, listener, admin, shutdown_signal(), grace).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `sluice probe`: plain-HTTP GET; exit 0 on 2xx, 1 otherwise (with the reason on stderr).
+async fn probe(url: String, timeout: std::time::Duration) -> anyhow::Result<()> {
+    use http_body_util::{BodyExt, Empty};
+    let uri: http::Uri = url
+        .parse()
+        .with_context(|| format!("`{url}` is not a URL"))?;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<bytes::Bytes>>();
+    let answer = tokio::time::timeout(timeout, async {
+        let resp = client.get(uri).await?;
+        let status = resp.status();
+        let _ = resp.into_body().collect().await;
+        Ok::<_, hyper_util::client::legacy::Error>(status)
+    })
+    .await;
+    match answer {
+        Ok(Ok(status)) if status.is_success() => Ok(()),
+        Ok(Ok(status)) => {
+            eprintln!("{url}: {status}");
+            std::process::exit(1)
+        }
+        Ok(Err(e)) => {
+            eprintln!("{url}: {e}");
+            std::process::exit(1)
+        }
+        Err(_) => {
+            eprintln!("{url}: no answer within {timeout:?}");
+            std::process::exit(1)
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.
