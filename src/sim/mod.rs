@@ -48,6 +48,31 @@
 //!   "prefix_cache_hits","overloaded"}}`.
 //!
 //! Unknown modes or parameters get 400 `{"error":"…"}`.
+//!
+//! # Models per personality
+//! - vLLM: every `--model` is a served alias of one engine (`--served-model-name a b`): any
+//!   alias (or no `model`) is accepted, responses and the `model_name` metrics label use the
+//!   first name, and an unknown name gets 404 "The model `x` does not exist. Valid aliases: a, b.".
+//! - TGI: one model (`model_id` = the first name); the Messages API echoes whatever `model` the
+//!   client sent.
+//! - Ollama: real separate models (`name:tag`, `:latest` by default), each with its own
+//!   scheduler, parallel slots, pending queue and residency.
+//!
+//! # Timing model
+//! See `engine`: defaults are 256 running sequences (TGI 128, Ollama 1), a 131 072-token KV
+//! cache, 100 µs of prefill per uncached prompt token, decode steps of 15 ms + 150 µs per
+//! running sequence (Ollama 20 ms), 16-token prefix-cache blocks, natural answers of 16–128
+//! tokens. `--speed F` divides every duration by F; `--speed 0` bypasses the scheduler.
+//!
+//! # Simplifications (known differences from the real engines)
+//! - No preemption: a request reserves `prompt + max output` KV tokens when admitted, so
+//!   `vllm:num_preemptions_total` stays 0; requests wait instead.
+//! - `n > 1`, `stop` sequences, logprobs, tools and response formats are accepted and ignored;
+//!   the last generated token carries the finish reason (no separate EOS token, so TGI's
+//!   `finish_reason` is `length` or `eos_token`, never `stop_sequence`).
+//! - `error_rate` answers before the first byte (an HTTP 5xx), never inside a stream.
+//! - Not simulated: API keys, vLLM `/load` and `/v1/responses`, TGI `/chat_tokenize` and
+//!   platform routes, Ollama model management (`/api/pull`, …) and legacy `/api/embeddings`.
 
 pub mod config;
 mod engine;
