@@ -176,3 +176,117 @@ async fn reload_now_reports_problems_and_keeps_the_old_config() {
     assert!(g.gw.runtime().fleet.get("b").is_some());
     g.stop().await;
 }
+
+/// The real binary: SIGHUP reloads, and so does a file change once `[reload] watch` is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_and_file_watch_in_the_binary() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let a = sim(SimKind::Vllm, &["m"]).await;
+    let b = sim(SimKind::Vllm, &["m"]).await;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.toml");
+    let cfg = |watch: bool, name: &str, url: &str| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\n[routing]\nexpose_backend_header = true\n\
+             [reload]\nwatch = {watch}\ninterval = \"50ms\"\n{FAST_HEALTH}{}",
+            backend(name, "vllm", url, &["m"])
+        )
+    };
+    std::fs::write(&path, cfg(false, "a", &a.url())).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env("SLUICE_LOG_FORMAT", "json")
+        .env("SLUICE_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = Kill(child);
+    let pid = child.0.id().to_string();
+    let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+    let wait_backend = |want: &'static str| {
+        let url = url.clone();
+        async move {
+            eventually(
+                Duration::from_secs(10),
+                &format!("served by {want}"),
+                || {
+                    let url = url.clone();
+                    async move {
+                        match client()
+                            .post(&url)
+                            .json(&chat_body("m", false, 4))
+                            .send()
+                            .await
+                        {
+                            Ok(r) => r
+                                .headers()
+                                .get("x-sluice-backend")
+                                .is_some_and(|v| v == want),
+                            Err(_) => false,
+                        }
+                    }
+                },
+            )
+            .await
+        }
+    };
+    wait_backend("a").await;
+
+    // watch = false: a file change alone does nothing; SIGHUP applies it.
+    write_atomically(&path, &cfg(false, "b", &b.url()));
+    let hup = || {
+        assert!(Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success())
+    };
+    hup();
+    wait_backend("b").await;
+    let lines: Vec<String> = rx.try_iter().collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("SIGHUP") && l.contains("reloading")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("config reloaded")),
+        "{lines:#?}"
+    );
+
+    // Turn the watch on (by SIGHUP), then a file change alone is enough.
+    write_atomically(&path, &cfg(true, "b", &b.url()));
+    hup();
+    eventually(Duration::from_secs(5), "watch on", || {
+        let seen = rx.try_iter().any(|l| l.contains("config reloaded"));
+        async move { seen }
+    })
+    .await;
+    write_atomically(&path, &cfg(true, "a", &a.url()));
+    wait_backend("a").await;
+    drop(child);
+}

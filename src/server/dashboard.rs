@@ -104,53 +104,12 @@ struct Scraped {
     requests_by_status: BTreeMap<String, f64>,
 }
 
-/// `name{a="x",b="y"} value` → (name, labels, value).
-fn parse_line(line: &str) -> Option<(&str, Vec<(&str, String)>, f64)> {
-    let (head, value) = line.rsplit_once(' ')?;
-    let value: f64 = match value {
-        "+Inf" => f64::INFINITY,
-        v => v.parse().ok()?,
-    };
-    let Some((name, rest)) = head.split_once('{') else {
-        return Some((head, Vec::new(), value));
-    };
-    let rest = rest.strip_suffix('}')?;
-    let mut labels = Vec::new();
-    let mut s = rest;
-    while !s.is_empty() {
-        let (k, after) = s.split_once("=\"")?;
-        let mut val = String::new();
-        let mut chars = after.char_indices();
-        let mut end = None;
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => {
-                    if let Some((_, n)) = chars.next() {
-                        val.push(if n == 'n' { '\n' } else { n });
-                    }
-                }
-                '"' => {
-                    end = Some(i);
-                    break;
-                }
-                c => val.push(c),
-            }
-        }
-        let end = end?;
-        labels.push((k, val));
-        s = after[end + 1..].trim_start_matches(',');
-    }
-    Some((name, labels, value))
-}
-
 fn scrape(text: &str) -> Scraped {
     let bucket = format!("{}_bucket", m::TIME_TO_FIRST_TOKEN_SECONDS);
     let mut out = Scraped::default();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((name, labels, value)) = parse_line(line) else {
-            continue;
-        };
-        let label = |k: &str| labels.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+    for sample in crate::fleet::prom::parse(text) {
+        let (name, value) = (sample.name.as_str(), sample.value);
+        let label = |k: &str| sample.label(k).map(str::to_string);
         if name == bucket {
             let (Some(backend), Some(le)) = (label("backend"), label("le")) else {
                 continue;

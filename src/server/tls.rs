@@ -194,6 +194,7 @@ impl ServerTls {
     pub fn spawn_watch(self: &Arc<Self>, gw: Weak<Gateway>) {
         let tls = Arc::downgrade(self);
         tokio::spawn(async move {
+            let mut removed_logged = false;
             loop {
                 let interval = match gw.upgrade() {
                     Some(g) => g.runtime().config.reload.interval,
@@ -206,13 +207,16 @@ impl ServerTls {
                 let rt = g.runtime();
                 match &rt.config.tls {
                     Some(t) => {
+                        removed_logged = false;
                         tls.refresh(t);
                     }
-                    None => {
+                    None if !removed_logged => {
+                        removed_logged = true;
                         tracing::warn!(
-                            "[tls] was removed by a reload; it takes a restart to serve plain HTTP"
-                        )
+                            "[tls] was removed by a reload; the listener keeps TLS until a restart"
+                        );
                     }
+                    None => {}
                 }
             }
         });
