@@ -339,8 +339,8 @@ fn parse_duration_secs(s: &str) -> Result<Duration, String> {
         .trim_end_matches('s')
         .parse()
         .map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if !v.is_finite() || v < 0.0 {
-        return Err(format!("`{s}` must be >= 0 seconds"));
+    if !v.is_finite() || !(0.0..=1.0e9).contains(&v) {
+        return Err(format!("`{s}` must be between 0 and 1e9 seconds"));
     }
     Ok(Duration::from_secs_f64(v))
 }

@@ -161,9 +161,11 @@ impl Scheduler {
                 continue;
             }
             let t = &self.timing;
-            let step = t.decode_base
-                + t.decode_per_seq * self.running.len() as u32
-                + t.prefill_per_token * prefill_tokens;
+            let step = t
+                .decode_base
+                .saturating_add(t.decode_per_seq.saturating_mul(self.running.len() as u32))
+                .saturating_add(t.prefill_per_token.saturating_mul(prefill_tokens))
+                .min(Duration::from_secs(3600));
             let factor = self.fault.slow_factor() / self.speed;
             let step = step.mul_f64(factor.clamp(0.0, 1.0e6));
             let now = tokio::time::Instant::now();

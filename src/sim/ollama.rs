@@ -245,8 +245,7 @@ async fn ensure_loaded(sim: &Sim, idx: usize) -> Duration {
         if let Some(d) = wait {
             tokio::time::sleep(d).await;
         }
-        let until = Instant::now() + sim.config.keep_alive;
-        *guard = Some(until);
+        *guard = Instant::now().checked_add(sim.config.keep_alive);
         m.loaded_until_unix
             .store(super::unix_now() + sim.config.keep_alive.as_secs(), Relaxed);
     }
@@ -265,11 +264,11 @@ async fn touch(sim: &Sim, idx: usize, ka: Option<Duration>) {
     let mut g = m.loaded_until.lock().await;
     match ka {
         None => {
-            *g = Some(Instant::now() + Duration::from_secs(1 << 40));
+            *g = Instant::now().checked_add(Duration::from_secs(1 << 32));
             m.loaded_until_unix.store(u64::MAX, Relaxed);
         }
         Some(d) => {
-            *g = Some(Instant::now() + d);
+            *g = Instant::now().checked_add(d);
             m.loaded_until_unix.store(
                 if d.is_zero() {
                     0

@@ -116,7 +116,9 @@ impl Sim {
                     )
                 });
                 let preload = config.preloaded || config.kind != SimKind::Ollama;
-                let until = preload.then(|| std::time::Instant::now() + config.keep_alive);
+                let until = preload
+                    .then(|| std::time::Instant::now().checked_add(config.keep_alive))
+                    .flatten();
                 ModelRt {
                     name,
                     stats,
