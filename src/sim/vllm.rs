@@ -330,7 +330,12 @@ fn stream_flags(
     opts: &Option<super::openai_surface::StreamOptions>,
 ) -> Result<(bool, bool), Response<SimBody>> {
     let stream = stream.unwrap_or(false);
-    if opts.is_some() && !stream {
+    // pydantic: `if data.get("stream_options") and not data.get("stream")` ({} is falsy)
+    let set = opts
+        .as_ref()
+        .map(|o| o.include_usage.is_some())
+        .unwrap_or(false);
+    if set && !stream {
         return Err(error(
             StatusCode::BAD_REQUEST,
             "Stream options can only be defined when `stream=True`.",
