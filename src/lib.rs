@@ -105,6 +105,11 @@ pub async fn serve_gateway(
     let _ = telemetry::metrics::handle();
     metrics::gauge!(telemetry::metrics::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"))
         .set(1.0);
+    // Present from the start, so `increase(...)` alerts see the first reload too.
+    for result in ["applied", "rejected"] {
+        metrics::counter!(telemetry::metrics::CONFIG_RELOADS_TOTAL, "result" => result)
+            .increment(0);
+    }
     let tls = match &gw.runtime().config.tls {
         Some(t) => match server::tls::ServerTls::new(t) {
             Ok(tls) => {
@@ -130,7 +135,10 @@ pub async fn serve_gateway(
         gw_for_stop.set_unready();
         let delay = gw_for_stop.runtime().config.server.shutdown_delay;
         if !delay.is_zero() {
-            tracing::info!(?delay, "unready; closing the listeners after the shutdown delay");
+            tracing::info!(
+                ?delay,
+                "unready; closing the listeners after the shutdown delay"
+            );
             tokio::time::sleep(delay).await;
         }
         let _ = stop_tx.send(true);

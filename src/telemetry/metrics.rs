@@ -47,7 +47,7 @@ pub const USAGE_PROMPT_TOKENS_TOTAL: &str = "sluice_usage_prompt_tokens_total";
 pub const USAGE_COMPLETION_TOKENS_TOTAL: &str = "sluice_usage_completion_tokens_total";
 /// Config reloads (file change or SIGHUP), by `result` (applied|rejected).
 pub const CONFIG_RELOADS_TOTAL: &str = "sluice_config_reloads_total";
-/// Unix time of the last config reload that was applied (0 = the start-up config).
+/// Unix time of the last config reload that was applied (absent until the first one).
 pub const CONFIG_LAST_RELOAD_SECONDS: &str = "sluice_config_last_reload_timestamp_seconds";
 /// Re-reads of the listener's TLS certificate files that found a change, by `result`.
 pub const TLS_RELOADS_TOTAL: &str = "sluice_tls_reloads_total";
