@@ -266,17 +266,22 @@ async fn sighup_and_file_watch_in_the_binary() {
     };
     hup();
     wait_backend("b").await;
-    let lines: Vec<String> = rx.try_iter().collect();
-    assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("SIGHUP") && l.contains("reloading")),
-        "{lines:#?}"
-    );
-    assert!(
-        lines.iter().any(|l| l.contains("config reloaded")),
-        "{lines:#?}"
-    );
+    // The reader thread may lag behind the process: collect until both lines are in.
+    let mut lines: Vec<String> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !(lines
+        .iter()
+        .any(|l| l.contains("SIGHUP") && l.contains("reloading"))
+        && lines.iter().any(|l| l.contains("config reloaded")))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "reload not logged: {lines:#?}"
+        );
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(100)) {
+            lines.push(l);
+        }
+    }
 
     // Turn the watch on (by SIGHUP), then a file change alone is enough.
     write_atomically(&path, &cfg(true, "b", &b.url()));
