@@ -54,6 +54,8 @@ pub struct Speeds {
     /// Requests in flight at the backend when samples were taken, plus one (so 0 is valid).
     busy_plus_one: Ewma,
     pub samples: AtomicU64,
+    /// When the last sample arrived (ms since process start; 0 = never).
+    pub last_sample_ms: AtomicU64,
 }
 
 /// One finished request, as settlement saw it.
@@ -65,6 +67,8 @@ pub struct Observation {
     pub ttft: Option<Duration>,
     /// Until the end.
     pub total: Duration,
+    /// It waited for a batch slot inside the engine: its TTFT is queueing, not prefill.
+    pub queued: bool,
 }
 
 /// Below this many tokens the decode-speed sample is mostly noise.
@@ -82,11 +86,13 @@ impl Speeds {
         let total = o.total.as_secs_f64();
         self.service_seconds.observe(total);
         self.samples.fetch_add(1, Ordering::Relaxed);
+        self.last_sample_ms
+            .store(super::backend::now_ms().max(1), Ordering::Relaxed);
         match o.ttft {
             Some(ttft) => {
                 let ttft = ttft.as_secs_f64().max(1e-4);
                 self.ttft_seconds.observe(ttft);
-                if o.prompt_tokens > 0 {
+                if o.prompt_tokens > 0 && !o.queued {
                     self.prefill_tps.observe(o.prompt_tokens as f64 / ttft);
                 }
                 let decode = (total - ttft).max(1e-4);
@@ -186,6 +192,7 @@ mod tests {
                 completion_tokens: 101,
                 ttft: Some(Duration::from_millis(500)),
                 total: Duration::from_millis(2500),
+                queued: false,
             },
             0.0,
         );
@@ -199,6 +206,7 @@ mod tests {
                 completion_tokens: 1,
                 ttft: Some(Duration::from_millis(10)),
                 total: Duration::from_millis(11),
+                queued: true,
             },
             2.0,
         );

@@ -231,6 +231,9 @@ async fn proxy(
             timeouts.response
         };
         let sent_after = record.started.elapsed();
+        // Whether this request will queue inside the engine: its TTFT then says little about
+        // the backend's prefill speed.
+        let queued = crate::routing::score::would_queue(backend, backend_model);
         let mut guard = LoadGuard::new(backend.state.clone(), expected_tokens);
         if backend.cap().is_some() {
             guard = guard.waking(gw.queue.clone());
@@ -348,6 +351,7 @@ async fn proxy(
             resolved.canonical.clone(),
             fields.prompt_tokens_estimate,
             sent_after,
+            queued,
         ));
 
         let is_sse = parts

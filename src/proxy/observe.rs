@@ -142,6 +142,7 @@ pub fn learn_hook(
     model: String,
     prompt_estimate: u64,
     sent_after: Duration,
+    queued: bool,
 ) -> SettleHook {
     Box::new(move |o: &Outcome| {
         let (true, Some(u)) = (o.complete, o.usage) else {
@@ -164,6 +165,7 @@ pub fn learn_hook(
                 completion_tokens: u.completion_tokens,
                 ttft: o.ttft.map(|t| t.saturating_sub(sent_after)),
                 total: o.elapsed.saturating_sub(sent_after),
+                queued,
             },
             busy,
         );

@@ -59,6 +59,8 @@ pub const DEFAULT_P2C_ABOVE: usize = 16;
 const AFFINITY_LOAD_FACTOR: f64 = 1.5;
 /// Slack (in requests) added to the affinity guard, so a lightly loaded fleet keeps affinity.
 const AFFINITY_SLACK: f64 = 2.0;
+/// How much longer than the best backend's expected time an affinity choice may take.
+const AFFINITY_SCORE_FACTOR: f64 = 1.5;
 
 /// Per-policy routing state, shared by all requests.
 #[derive(Debug)]
@@ -167,13 +169,13 @@ impl Router {
                 let models: Vec<&str> = pool.iter().map(|i| candidates[*i].1.as_ref()).collect();
                 self.token_aware(&backends, &models, input)
             }
-            PolicyKind::PrefixAffinity => match input.prefix_hash {
-                Some(h) => affinity(&backends, h, input),
-                None => argmin(&backends, |b| {
-                    let tokens = b.state.inflight_tokens.load(Ordering::Relaxed) as f64;
-                    (tokens + input.tokens as f64) / f64::from(b.config.weight)
-                }),
-            },
+            PolicyKind::PrefixAffinity => {
+                let models: Vec<&str> = pool.iter().map(|i| candidates[*i].1.as_ref()).collect();
+                match input.prefix_hash {
+                    Some(h) => self.affinity(&backends, &models, h, input),
+                    None => self.token_aware(&backends, &models, input),
+                }
+            }
         };
         let picked = pool[chosen];
         metrics::counter!(
@@ -247,20 +249,35 @@ pub fn rendezvous_rank(prefix: u64, name: &str) -> u64 {
     z ^ (z >> 31)
 }
 
-fn affinity(backends: &[&Backend], prefix: u64, input: RouteInput) -> usize {
-    let mut order: Vec<usize> = (0..backends.len()).collect();
-    order.sort_by_key(|i| std::cmp::Reverse(rendezvous_rank(prefix, backends[*i].name())));
-    let mean = backends.iter().map(|b| load_of(b)).sum::<f64>() / backends.len() as f64;
-    let bound = mean * AFFINITY_LOAD_FACTOR + AFFINITY_SLACK;
-    for i in &order {
-        if load_of(backends[*i]) <= bound {
-            return *i;
+impl Router {
+    /// Rendezvous order of `prefix`; the first backend in that order that passes both guards:
+    /// in-flight requests at most [`AFFINITY_LOAD_FACTOR`] × the mean (+ slack), and an
+    /// expected time at most [`AFFINITY_SCORE_FACTOR`] × the best backend's (a warm cache is
+    /// worth some waiting, not any). None passes: token-aware.
+    fn affinity(
+        &self,
+        backends: &[&Backend],
+        models: &[&str],
+        prefix: u64,
+        input: RouteInput,
+    ) -> usize {
+        let mut order: Vec<usize> = (0..backends.len()).collect();
+        order.sort_by_key(|i| std::cmp::Reverse(rendezvous_rank(prefix, backends[*i].name())));
+        let mean = backends.iter().map(|b| load_of(b)).sum::<f64>() / backends.len() as f64;
+        let bound = mean * AFFINITY_LOAD_FACTOR + AFFINITY_SLACK;
+        let prior = score::Prior::of(backends);
+        let req = input.score_request();
+        let scores: Vec<f64> = (0..backends.len())
+            .map(|i| score::breakdown(backends[i], models[i], req, prior).score)
+            .collect();
+        let best = scores.iter().copied().fold(f64::INFINITY, f64::min);
+        for i in &order {
+            if load_of(backends[*i]) <= bound && scores[*i] <= best * AFFINITY_SCORE_FACTOR {
+                return *i;
+            }
         }
+        self.token_aware(backends, models, input)
     }
-    argmin(backends, |b| {
-        let tokens = b.state.inflight_tokens.load(Ordering::Relaxed) as f64;
-        tokens + input.tokens as f64
-    })
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! busy      = max(gateway in-flight requests, engine running + waiting)   (engine: if fresh)
-//! slots     = max_concurrent (config) | TGI /info | learned full batch | per-kind default
+//! slots     = learned full batch | max_concurrent (config or TGI /info) | per-kind default
 //! ahead     = max(0, busy + 1 − slots)                  requests queued before this one
 //! remaining = (tokens in flight / gateway in-flight) / decode_now   per running request
 //! wait      = ahead × remaining / slots
@@ -24,6 +24,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::config::BackendKind;
+use crate::fleet::backend::now_ms;
 use crate::fleet::Backend;
 
 /// Prior prefill speed (tokens/s per request) before anything is measured.
@@ -34,6 +35,8 @@ pub const PRIOR_DECODE_TPS: f64 = 40.0;
 pub const COLD_LOAD_SECONDS: f64 = 30.0;
 /// KV usage above which preemption risk is priced in.
 const KV_PRESSURE: f64 = 0.9;
+/// Measurements older than this (ms) on an idle backend are relaxed towards the fleet's.
+const STALE_SPEEDS_MS: u64 = 5_000;
 
 /// Batch slots assumed when neither config, engine nor observation tell.
 fn default_slots(kind: BackendKind) -> f64 {
@@ -93,12 +96,14 @@ pub struct Breakdown {
 
 /// Batch slots of a backend, best source first.
 pub fn slots(b: &Backend) -> f64 {
-    if let Some(c) = b.cap() {
-        return (c as f64).max(1.0);
-    }
     let sig = b.state.signals.load();
+    // What the engine was seen running at most (its real batch limit) beats any announced
+    // admission limit (TGI's max_concurrent_requests admits more than it batches).
     if let Some(s) = sig.learned_slots {
         return (s as f64).max(1.0);
+    }
+    if let Some(c) = b.cap() {
+        return (c as f64).max(1.0);
     }
     if let Some(s) = sig.max_concurrent {
         return (s as f64).max(1.0);
@@ -117,18 +122,17 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     let busy = gw_busy.max(engine_busy);
     let slots = slots(b);
 
-    let prefill_tps = st
-        .speeds
-        .prefill_tps
-        .get()
-        .unwrap_or(prior.prefill_tps)
-        .max(1.0);
-    let decode_tps = st
-        .speeds
-        .decode_tps
-        .get()
-        .unwrap_or(prior.decode_tps)
-        .max(0.01);
+    let mut prefill_tps = st.speeds.prefill_tps.get().unwrap_or(prior.prefill_tps);
+    let mut decode_tps = st.speeds.decode_tps.get().unwrap_or(prior.decode_tps);
+    // An idle backend whose measurements are old gets the benefit of the doubt, so one bad
+    // stretch cannot starve it of the samples that would correct it.
+    let last = st.speeds.last_sample_ms.load(Ordering::Relaxed);
+    if gw_busy < 1.0 && last != 0 && now_ms().saturating_sub(last) > STALE_SPEEDS_MS {
+        prefill_tps = prefill_tps.max(prior.prefill_tps);
+        decode_tps = decode_tps.max(prior.decode_tps);
+    }
+    let prefill_tps = prefill_tps.max(1.0);
+    let decode_tps = decode_tps.max(0.01);
     let busy_seen = st.speeds.busy_seen().unwrap_or(busy);
     // Decode per token grows with the batch: scale the measured speed from the batch it was
     // seen at to the batch this request would join.
@@ -178,6 +182,18 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
         expected_seconds: expected,
         score: expected / f64::from(b.config.weight.max(1)),
     }
+}
+
+/// Whether a request sent to `b` now would wait for a batch slot inside the engine.
+pub fn would_queue(b: &Backend, model: &str) -> bool {
+    let gw = b.state.inflight_requests.load(Ordering::Relaxed) as f64;
+    let sig = b.state.signals.load();
+    let engine = sig
+        .fresh()
+        .then(|| sig.load_for(model))
+        .flatten()
+        .map_or(0.0, |l| l.running + l.waiting);
+    gw.max(engine) + 1.0 > slots(b)
 }
 
 /// Whether the backend is an Ollama node known to have `model` loaded (`Some(false)`: known
@@ -278,6 +294,7 @@ mod tests {
                     completion_tokens: 101,
                     ttft: Some(Duration::from_millis(500)),
                     total: Duration::from_secs_f64(0.5 + 100.0 / decode_tps),
+                    queued: false,
                 },
                 1.0,
             );

@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""Routing benchmark: round-robin, least-request, token-aware and prefix-affinity on the same
+simulated heterogeneous fleet under the same open-loop workload, in one run.
+
+Fleet (all `sluice sim`, same seed, so a prompt gets the same answer length everywhere):
+  fast-0, fast-1  vLLM, 32 sequences, prefill 50 us/token, decode step 10 ms + 0.1 ms/seq
+  slow-0, slow-1  vLLM, 16 sequences, prefill 150 us/token, decode step 20 ms + 0.3 ms/seq
+  tgi-0           TGI,  16 sequences, prefill 100 us/token, decode step 20 ms + 0.1 ms/seq
+Nothing about these speeds is configured in the gateway: token-aware learns them.
+
+Workload (Poisson arrivals, streamed chat completions, a fixed seed):
+  50% short chats         ~150 prompt tokens, max_tokens 64
+  30% shared system prompt one of 48 system prompts of ~1500 tokens (skewed) + a short question,
+                           max_tokens 128 (these are the prefix-cache candidates)
+  20% long prompts         3000-6000 prompt tokens, max_tokens 512
+The rate is `--load` (default 0.75) times the fleet's estimated capacity (`CAPACITY_RPS`, from
+the timing model above, checked by `--calibrate`).
+
+Each policy gets a fresh fleet and gateway, a warm-up (not measured) and a measured window.
+Reports p50/p99 TTFT, p50/p99 end-to-end latency, throughput, per-backend share and the
+prefix-cache hit rate (from the simulators' /sim/state), prints a table and writes JSON to
+bench/results/routing.json.
+
+Usage:
+  python3 bench/routing/bench.py                  # full run (~4-5 minutes)
+  python3 bench/routing/bench.py --smoke          # seconds; checks the harness
+  python3 bench/routing/bench.py --binary PATH    # use an existing sluice binary
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+POLICIES = ["round-robin", "least-request", "token-aware", "prefix-affinity"]
+
+COMMON = ["--seed", "7", "--min-output-tokens", "8", "--max-output-tokens", "600",
+          "--max-model-len", "16384"]
+FLEET = [
+    ("fast-0", "vllm", ["--max-num-seqs", "32", "--prefill-us-per-token", "50",
+                        "--decode-base-us", "10000", "--decode-per-seq-us", "100",
+                        "--kv-capacity-tokens", "120000"]),
+    ("fast-1", "vllm", ["--max-num-seqs", "32", "--prefill-us-per-token", "50",
+                        "--decode-base-us", "10000", "--decode-per-seq-us", "100",
+                        "--kv-capacity-tokens", "120000"]),
+    ("slow-0", "vllm", ["--max-num-seqs", "16", "--prefill-us-per-token", "150",
+                        "--decode-base-us", "20000", "--decode-per-seq-us", "300",
+                        "--kv-capacity-tokens", "60000"]),
+    ("slow-1", "vllm", ["--max-num-seqs", "16", "--prefill-us-per-token", "150",
+                        "--decode-base-us", "20000", "--decode-per-seq-us", "300",
+                        "--kv-capacity-tokens", "60000"]),
+    ("tgi-0", "tgi", ["--max-num-seqs", "16", "--prefill-us-per-token", "100",
+                      "--decode-base-us", "20000", "--decode-per-seq-us", "100",
+                      "--kv-capacity-tokens", "60000", "--max-concurrent-requests", "128",
+                      "--max-input-tokens", "12000"]),
+]
+# Requests per second the fleet sustains at speed 1 with this mix (see the module doc; the
+# timing-model estimate: fast ~8.2, slow ~2.5, TGI ~3.2 req/s).
+CAPACITY_RPS = 24.0
+# Distinct long system prompts (more than one engine's prefix cache holds next to its work).
+N_SYSTEMS = 48
+
+WORDS = ("the of and to in is was for on that with as by at from his her an be this which or "
+         "are have had not but one all were they their there been has more if will would about "
+         "into than them can only other new some what time could these two may then first any "
+         "like now my such make over our even most me state after also made many did must "
+         "before back through years where much your way down should because each just those "
+         "people how too little good very world still own see men work long here between both "
+         "life being under never day same another know while last might us great old year off "
+         "come since against go came right used take three").split()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def get_json(url, headers=None):
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())
+
+
+class Procs:
+    def __init__(self):
+        self.procs = []
+
+    def start(self, args):
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs.append(p)
+        return p
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.procs = []
+
+
+def text(rng, tokens):
+    """About `tokens` tokens of text (the gateway's estimate is bytes / 4)."""
+    out, size = [], 0
+    while size < tokens * 4:
+        w = rng.choice(WORDS)
+        out.append(w)
+        size += len(w) + 1
+    return " ".join(out)
+
+
+def workload(seed, n):
+    """The request bodies, in arrival order, and their class."""
+    rng = random.Random(seed)
+    systems = [text(random.Random(1000 + i), 1500) for i in range(N_SYSTEMS)]
+    reqs = []
+    for k in range(n):
+        u = rng.random()
+        if u < 0.5:
+            kind = "short"
+            msgs = [{"role": "user", "content": f"[{k}] " + text(rng, rng.randint(80, 220))}]
+            max_tokens = 64
+        elif u < 0.8:
+            kind = "shared"
+            # a skewed choice: the first system prompts are the hot ones
+            s = min(int(rng.expovariate(1.0 / 12)), len(systems) - 1)
+            msgs = [{"role": "system", "content": systems[s]},
+                    {"role": "user", "content": f"[{k}] " + text(rng, rng.randint(20, 60))}]
+            max_tokens = 128
+        else:
+            kind = "long"
+            msgs = [{"role": "user", "content": f"[{k}] " + text(rng, rng.randint(3000, 6000))}]
+            max_tokens = 512
+        body = json.dumps({"model": "m", "stream": True, "max_tokens": max_tokens,
+                           "messages": msgs}).encode()
+        reqs.append((kind, body))
+    return reqs
+
+
+async def one(port, body, timeout):
+    """Send one streamed request; returns (ok, ttft, e2e, backend)."""
+    start = time.perf_counter()
+    ttft = None
+    backend = None
+    try:
+        r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+        w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\n"
+                b"Content-Type: application/json\r\nConnection: close\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await w.drain()
+        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), timeout)
+        status = int(head.split(b" ", 2)[1])
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"x-sluice-backend:"):
+                backend = line.split(b":", 1)[1].strip().decode()
+        buf = b""
+        deadline = start + timeout
+        while True:
+            chunk = await asyncio.wait_for(r.read(65536), max(0.1, deadline - time.perf_counter()))
+            if not chunk:
+                break
+            if ttft is None:
+                buf += chunk
+                i = 0
+                while True:
+                    idx = buf.find(b'"content":"', i)
+                    if idx < 0:
+                        break
+                    nxt = buf[idx + 11:idx + 12]
+                    if nxt and nxt != b'"':
+                        ttft = time.perf_counter() - start  # first event carrying text
+                        break
+                    i = idx + 11
+                if len(buf) > 1 << 20:
+                    buf = buf[-4096:]
+        w.close()
+        ok = status == 200 and ttft is not None
+        return ok, ttft, time.perf_counter() - start, backend
+    except Exception:
+        return False, None, time.perf_counter() - start, backend
+
+
+def pct(values, p):
+    if not values:
+        return None
+    v = sorted(values)
+    k = min(len(v) - 1, max(0, int(round(p / 100.0 * (len(v) - 1)))))
+    return v[k]
+
+
+async def drive(port, reqs, rate, warmup_s, seed, timeout):
+    rng = random.Random(seed)
+    results = []
+    tasks = []
+    t0 = time.perf_counter()
+    at = 0.0
+    for kind, body in reqs:
+        at += rng.expovariate(rate)
+        delay = t0 + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        measured = at >= warmup_s
+
+        async def run(kind=kind, body=body, measured=measured):
+            ok, ttft, e2e, backend = await one(port, body, timeout)
+            if measured:
+                results.append({"kind": kind, "ok": ok, "ttft": ttft, "e2e": e2e,
+                                "backend": backend, "end": time.perf_counter() - t0})
+        tasks.append(asyncio.ensure_future(run()))
+    sent_until = time.perf_counter() - t0
+    await asyncio.gather(*tasks)
+    return results, sent_until
+
+
+def sim_counters(ports):
+    hits = queries = 0
+    per = {}
+    for name, port in ports.items():
+        try:
+            st = get_json(f"http://127.0.0.1:{port}/sim/state")
+        except Exception:
+            continue
+        h = sum(m.get("prefix_cache_hits", 0) for m in st.get("models", []))
+        q = sum(m.get("prefix_cache_queries", 0) for m in st.get("models", []))
+        per[name] = {"hits": h, "queries": q}
+        hits += h
+        queries += q
+    return hits, queries, per
+
+
+def run_policy(binary, policy, args, reqs, rate, tmp):
+    procs = Procs()
+    try:
+        ports = {}
+        for name, kind, extra in FLEET:
+            port = free_port()
+            procs.start([binary, "sim", "--kind", kind, "--port", str(port), "--model", "m",
+                         "--speed", str(args.speed), *COMMON, *extra])
+            ports[name] = (kind, port)
+        for name, (kind, port) in ports.items():
+            wait_http(f"http://127.0.0.1:{port}/health")
+        gw = free_port()
+        admin = free_port()
+        cfg = [f'[server]\nlisten = "127.0.0.1:{gw}"\n',
+               f'[admin]\nlisten = "127.0.0.1:{admin}"\n',
+               f'[routing]\npolicy = "{policy}"\nexpose_backend_header = true\n',
+               '[timeouts]\nidle = "600s"\nfirst_byte = "600s"\nresponse = "600s"\n',
+               '[queue]\nsize = 100000\ntimeout = "600s"\n']
+        for name, (kind, port) in ports.items():
+            cfg.append(f'[[backends]]\nname = "{name}"\nkind = "{kind}"\n'
+                       f'url = "http://127.0.0.1:{port}"\nmodels = ["m"]\n')
+        path = os.path.join(tmp, f"{policy}.toml")
+        with open(path, "w") as f:
+            f.write("\n".join(cfg))
+        procs.start([binary, "serve", "--config", path])
+        wait_http(f"http://127.0.0.1:{gw}/readyz")
+        sim_ports = {n: p for n, (_, p) in ports.items()}
+        started = time.perf_counter()
+        results, sent_until = asyncio.run(
+            drive(gw, reqs, rate, args.warmup, args.seed, args.timeout))
+        wall = time.perf_counter() - started
+        hits, queries, per_sim = sim_counters(sim_ports)
+        try:
+            admin_view = get_json(f"http://127.0.0.1:{admin}/admin/backends")
+        except Exception:
+            admin_view = None
+    finally:
+        procs.stop()
+    ok = [r for r in results if r["ok"]]
+    ttft = [r["ttft"] for r in ok]
+    e2e = [r["e2e"] for r in ok]
+    share = {}
+    for r in ok:
+        share[r["backend"] or "?"] = share.get(r["backend"] or "?", 0) + 1
+    measured_span = max((r["end"] for r in ok), default=1.0) - args.warmup
+    by_kind = {}
+    for kind in ("short", "shared", "long"):
+        k = [r for r in ok if r["kind"] == kind]
+        by_kind[kind] = {"n": len(k), "p99_ttft_s": pct([r["ttft"] for r in k], 99),
+                         "p50_ttft_s": pct([r["ttft"] for r in k], 50)}
+    speeds = {}
+    if admin_view:
+        for b in admin_view.get("backends", []):
+            rt = b.get("routing") or {}
+            speeds[b["name"]] = {
+                "decode_tps": (rt.get("speeds") or {}).get("decode_tokens_per_second"),
+                "prefill_tps": (rt.get("speeds") or {}).get("prefill_tokens_per_second"),
+                "learned_slots": (rt.get("signals") or {}).get("learned_slots"),
+            }
+    return {
+        "policy": policy,
+        "requests": len(results),
+        "ok": len(ok),
+        "errors": len(results) - len(ok),
+        "p50_ttft_s": pct(ttft, 50),
+        "p99_ttft_s": pct(ttft, 99),
+        "p50_e2e_s": pct(e2e, 50),
+        "p99_e2e_s": pct(e2e, 99),
+        "throughput_rps": len(ok) / max(measured_span, 1e-9),
+        "share": {k: round(v / max(len(ok), 1), 3) for k, v in sorted(share.items())},
+        "prefix_cache_hit_rate": hits / queries if queries else None,
+        "prefix_cache_per_backend": per_sim,
+        "by_kind": by_kind,
+        "learned": speeds,
+        "wall_s": wall,
+        "sent_for_s": sent_until,
+    }
+
+
+def fmt(v, unit=""):
+    if v is None:
+        return "-"
+    return f"{v:.3f}{unit}" if isinstance(v, float) else str(v)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "sluice"))
+    ap.add_argument("--duration", type=float, default=45.0, help="seconds of arrivals per policy")
+    ap.add_argument("--warmup", type=float, default=10.0, help="first seconds not measured")
+    ap.add_argument("--load", type=float, default=0.75, help="fraction of fleet capacity")
+    ap.add_argument("--speed", type=float, default=1.0, help="simulator time compression")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--smoke", action="store_true", help="a few seconds per policy")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "routing.json"))
+    args = ap.parse_args()
+    if args.smoke:
+        args.duration, args.warmup, args.speed = 4.0, 1.0, 10.0
+        if args.out.endswith("routing.json"):
+            args.out = args.out.replace("routing.json", "routing-smoke.json")
+    if not os.path.exists(args.binary):
+        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    rate = CAPACITY_RPS * args.speed * args.load
+    n = int(rate * args.duration)
+    reqs = workload(args.seed, n)
+    policies = [p for p in args.policies.split(",") if p]
+    print(f"fleet: {', '.join(n for n, _, _ in FLEET)}; rate {rate:.1f} req/s "
+          f"({args.load:.0%} of ~{CAPACITY_RPS * args.speed:.1f}); {n} requests per policy; "
+          f"speed {args.speed}", flush=True)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in policies:
+            r = run_policy(args.binary, p, args, reqs, rate, tmp)
+            out.append(r)
+            print(f"{p:16} ok {r['ok']:5} err {r['errors']:3}  TTFT p50 {fmt(r['p50_ttft_s'])} "
+                  f"p99 {fmt(r['p99_ttft_s'])}  e2e p50 {fmt(r['p50_e2e_s'])} p99 {fmt(r['p99_e2e_s'])}  "
+                  f"{r['throughput_rps']:.1f} req/s  prefix hit {fmt(r['prefix_cache_hit_rate'])}  "
+                  f"share {r['share']}", flush=True)
+    by = {r["policy"]: r for r in out}
+    ratios = {}
+    ta = by.get("token-aware")
+    if ta and ta["p99_ttft_s"]:
+        for other in ("round-robin", "least-request"):
+            if other in by and by[other]["p99_ttft_s"]:
+                ratios[f"token-aware/{other} p99 TTFT"] = ta["p99_ttft_s"] / by[other]["p99_ttft_s"]
+        pa = by.get("prefix-affinity")
+        if pa and pa["p99_ttft_s"]:
+            ratios["prefix-affinity/token-aware p99 TTFT"] = pa["p99_ttft_s"] / ta["p99_ttft_s"]
+    for k, v in ratios.items():
+        print(f"{k}: {v:.2f}")
+    doc = {
+        "bench": "routing",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "args": vars(args),
+        "rate_rps": rate,
+        "fleet": [{"name": n, "kind": k, "flags": f} for n, k, f in FLEET],
+        "results": out,
+        "ratios": ratios,
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=2)
+    print(f"wrote {os.path.relpath(args.out, ROOT)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
