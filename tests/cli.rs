@@ -123,6 +123,7 @@ impl Drop for Serve {
 }
 
 /// Start `sluice serve` with JSON logs and wait for its listening line.
+#[allow(clippy::zombie_processes)] // `Serve`'s Drop kills and waits for it
 fn serve(config: &str, dir: &std::path::Path) -> Serve {
     let path = dir.join("sluice.toml");
     std::fs::write(&path, config).unwrap();

@@ -48,13 +48,10 @@ async fn non_stream_chat_through_every_kind_keeps_the_clients_model_name() {
                 "{kind:?}: id {id}"
             );
             assert_eq!(v["usage"]["completion_tokens"], 5, "{kind:?}: {v}");
-            assert!(
-                v["choices"][0]["message"]["content"]
-                    .as_str()
-                    .unwrap()
-                    .len()
-                    > 0
-            );
+            assert!(!v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .is_empty());
             assert_eq!(v["choices"][0]["finish_reason"], "length");
         }
         g.stop().await;

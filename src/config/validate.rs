@@ -469,22 +469,37 @@ pub fn parse_backend_url(s: &str) -> Result<Uri, String> {
 
 fn zero_budgets(p: &mut Problems, at: &str, daily: Option<u64>, monthly: Option<u64>) {
     if daily == Some(0) {
-        p.push(format!("{at}.daily_tokens"), "must be at least 1 (or absent)");
+        p.push(
+            format!("{at}.daily_tokens"),
+            "must be at least 1 (or absent)",
+        );
     }
     if monthly == Some(0) {
-        p.push(format!("{at}.monthly_tokens"), "must be at least 1 (or absent)");
+        p.push(
+            format!("{at}.monthly_tokens"),
+            "must be at least 1 (or absent)",
+        );
     }
 }
 
 fn zero_limits(p: &mut Problems, at: &str, l: LimitSet) {
     if l.requests_per_minute == Some(0) {
-        p.push(format!("{at}.requests_per_minute"), "must be at least 1 (or absent)");
+        p.push(
+            format!("{at}.requests_per_minute"),
+            "must be at least 1 (or absent)",
+        );
     }
     if l.tokens_per_minute == Some(0) {
-        p.push(format!("{at}.tokens_per_minute"), "must be at least 1 (or absent)");
+        p.push(
+            format!("{at}.tokens_per_minute"),
+            "must be at least 1 (or absent)",
+        );
     }
     if l.max_concurrent == Some(0) {
-        p.push(format!("{at}.max_concurrent"), "must be at least 1 (or absent)");
+        p.push(
+            format!("{at}.max_concurrent"),
+            "must be at least 1 (or absent)",
+        );
     }
     zero_budgets(p, at, l.daily_tokens, l.monthly_tokens);
 }
@@ -897,8 +912,14 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
 
     let redis_url = secret(&mut p, "limits.redis_url", &f.limits.redis_url, env);
     if let Some(u) = &redis_url {
-        if !(u.starts_with("redis://") || u.starts_with("redis+unix://") || u.starts_with("unix://")) {
-            p.push("limits.redis_url", "must start with redis:// (or unix:// for a socket)");
+        if !(u.starts_with("redis://")
+            || u.starts_with("redis+unix://")
+            || u.starts_with("unix://"))
+        {
+            p.push(
+                "limits.redis_url",
+                "must start with redis:// (or unix:// for a socket)",
+            );
         }
     }
     let (membership, queue) = membership_and_queue(&mut p, &f, env);
@@ -946,7 +967,12 @@ fn membership_and_queue(
 ) -> (MembershipConfig, QueueConfig) {
     let r = &f.registration;
     let default_ttl = duration(p, "registration.ttl", &r.ttl, Duration::from_secs(30));
-    let max_ttl = duration(p, "registration.max_ttl", &r.max_ttl, Duration::from_secs(3600));
+    let max_ttl = duration(
+        p,
+        "registration.max_ttl",
+        &r.max_ttl,
+        Duration::from_secs(3600),
+    );
     let mut discovery = Vec::new();
     let mut names = HashSet::new();
     for (i, d) in f.discovery.iter().enumerate() {
@@ -987,12 +1013,19 @@ fn membership_and_queue(
             api_key: secret(p, &format!("{at}.api_key"), &d.api_key, env),
             weight: d.weight.unwrap_or(1).max(1),
             max_concurrent: d.max_concurrent,
-            interval: duration(p, &format!("{at}.interval"), &d.interval, Duration::from_secs(5)),
+            interval: duration(
+                p,
+                &format!("{at}.interval"),
+                &d.interval,
+                Duration::from_secs(5),
+            ),
         });
     }
     let q = &f.queue;
     let queue = QueueConfig {
-        size: q.size.map_or(1024, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        size: q
+            .size
+            .map_or(1024, |n| usize::try_from(n).unwrap_or(usize::MAX)),
         timeout: duration(p, "queue.timeout", &q.timeout, Duration::from_secs(5)),
     };
     (

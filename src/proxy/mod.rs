@@ -343,7 +343,9 @@ async fn proxy(
         settle.guard = Some(guard);
         settle.prompt_estimate = fields.prompt_tokens_estimate;
         if let Some(p) = permit.take() {
-            settle.hooks.push(p.with_backend(backend.name()).into_hook());
+            settle
+                .hooks
+                .push(p.with_backend(backend.name()).into_hook());
         }
         settle.hooks.push(observe::learn_hook(
             backend.clone(),

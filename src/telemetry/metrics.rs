@@ -79,7 +79,8 @@ pub fn handle() -> PrometheusHandle {
 
 /// Count one health probe result.
 pub fn probe_result(backend: &str, result: &'static str) {
-    metrics::counter!(PROBES_TOTAL, "backend" => backend.to_string(), "result" => result).increment(1);
+    metrics::counter!(PROBES_TOTAL, "backend" => backend.to_string(), "result" => result)
+        .increment(1);
 }
 
 /// Requests waiting inside the engine, per `backend` (from its own metrics).
