@@ -3,13 +3,12 @@
 //! Every failure the gateway reports to a client passes through [`ApiError`], so the body shape,
 //! the status and the `Retry-After` header are decided in one place. Backend error bodies in other
 //! shapes (TGI's `{error, error_type}`, vLLM's integer `code` or pre-0.10.1 flat body, vLLM's
-//! `{"error":"Unauthorized"}`) are normalised by [`normalize_backend_error`].
+//! `{"error":"Unauthorized"}`) are normalised by [`from_backend`].
 
 use std::borrow::Cow;
 use std::time::Duration;
 
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
 use serde::Serialize;
 use serde_json::Value;
@@ -214,14 +213,12 @@ pub fn insert_retry_after(headers: &mut http::HeaderMap, after: Duration) {
     }
 }
 
-/// Turn a backend's error body into OpenAI's shape, keeping its message.
-///
-/// Returns `None` when the body already has OpenAI's shape with a string-or-null `code`, so the
-/// original bytes can be forwarded untouched.
-pub fn normalize_backend_error(status: StatusCode, body: &[u8]) -> Option<Bytes> {
+/// A backend's error answer as an [`ApiError`] with the backend's status and message, whatever
+/// shape its body had (OpenAI's, vLLM's integer `code` or pre-0.10.1 flat body, TGI's
+/// `{error, error_type}`, a bare string or plain text). Parsed once, straight into the error.
+pub fn from_backend(status: StatusCode, body: &[u8]) -> ApiError {
     let fallback_type = default_type(status);
-    let value: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
+    let (message, kind, param, code) = match serde_json::from_slice::<Value>(body) {
         Err(_) => {
             let text = String::from_utf8_lossy(body);
             let text = text.trim();
@@ -233,45 +230,48 @@ pub fn normalize_backend_error(status: StatusCode, body: &[u8]) -> Option<Bytes>
             } else {
                 truncate(text, 2000)
             };
-            return Some(render(&message, fallback_type, None, None));
+            (message, fallback_type.to_string(), None, None)
         }
+        Ok(value) => match &value {
+            Value::Object(map) => match map.get("error") {
+                // OpenAI / current vLLM: {"error": {...}}
+                Some(Value::Object(inner)) => (
+                    string_field(inner, "message").unwrap_or_else(|| value.to_string()),
+                    string_field(inner, "type").unwrap_or_else(|| fallback_type.to_string()),
+                    string_field(inner, "param"),
+                    code_field(inner.get("code")),
+                ),
+                // TGI {"error": "...", "error_type": "..."}; vLLM auth {"error": "Unauthorized"};
+                // Ollama native {"error": "..."}.
+                Some(Value::String(message)) => (
+                    message.clone(),
+                    string_field(map, "error_type").unwrap_or_else(|| fallback_type.to_string()),
+                    None,
+                    None,
+                ),
+                // vLLM before 0.10.1: {"object":"error","message":…,"type":…,"param":…,"code":400}
+                _ => (
+                    string_field(map, "message")
+                        .unwrap_or_else(|| truncate(&value.to_string(), 2000)),
+                    string_field(map, "type").unwrap_or_else(|| fallback_type.to_string()),
+                    string_field(map, "param"),
+                    code_field(map.get("code")),
+                ),
+            },
+            other => (other.to_string(), fallback_type.to_string(), None, None),
+        },
     };
-    let Value::Object(map) = &value else {
-        return Some(render(&value.to_string(), fallback_type, None, None));
+    let kind = if !kind.is_empty() {
+        kind
+    } else if status.is_client_error() {
+        "invalid_request_error".to_string()
+    } else {
+        "server_error".to_string()
     };
-    match map.get("error") {
-        // OpenAI / current vLLM: {"error": {...}}
-        Some(Value::Object(inner)) => {
-            let code_ok = matches!(
-                inner.get("code"),
-                None | Some(Value::Null | Value::String(_))
-            );
-            let type_ok = matches!(inner.get("type"), Some(Value::String(_)));
-            if code_ok && type_ok && inner.contains_key("message") {
-                return None;
-            }
-            let message = string_field(inner, "message").unwrap_or_else(|| value.to_string());
-            let kind = string_field(inner, "type").unwrap_or_else(|| fallback_type.to_string());
-            let param = string_field(inner, "param");
-            let code = code_field(inner.get("code"));
-            Some(render(&message, &kind, param.as_deref(), code.as_deref()))
-        }
-        // TGI {"error": "...", "error_type": "..."}; vLLM auth {"error": "Unauthorized"};
-        // Ollama native {"error": "..."}.
-        Some(Value::String(message)) => {
-            let kind = string_field(map, "error_type").unwrap_or_else(|| fallback_type.to_string());
-            Some(render(message, &kind, None, None))
-        }
-        _ => {
-            // vLLM before 0.10.1: {"object":"error","message":…,"type":…,"param":…,"code":400}
-            let message =
-                string_field(map, "message").unwrap_or_else(|| truncate(&value.to_string(), 2000));
-            let kind = string_field(map, "type").unwrap_or_else(|| fallback_type.to_string());
-            let param = string_field(map, "param");
-            let code = code_field(map.get("code"));
-            Some(render(&message, &kind, param.as_deref(), code.as_deref()))
-        }
-    }
+    let mut err = ApiError::new(status, kind, message);
+    err.param = param;
+    err.code = code;
+    err
 }
 
 fn default_type(status: StatusCode) -> &'static str {
@@ -308,67 +308,63 @@ fn truncate(s: &str, max: usize) -> String {
     format!("{}…", &s[..end])
 }
 
-fn render(message: &str, kind: &str, param: Option<&str>, code: Option<&str>) -> Bytes {
-    let body = Body {
-        error: Inner {
-            message,
-            kind,
-            param,
-            code,
-        },
-    };
-    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse(b: &Bytes) -> Value {
-        serde_json::from_slice(b).unwrap()
-    }
-
     #[test]
-    fn openai_shape_is_kept_as_is() {
+    fn openai_shape_is_kept() {
         let body =
-            br#"{"error":{"message":"m","type":"invalid_request_error","param":null,"code":null}}"#;
-        assert!(normalize_backend_error(StatusCode::BAD_REQUEST, body).is_none());
+            br#"{"error":{"message":"m","type":"invalid_request_error","param":"p","code":"c"}}"#;
+        let e = from_backend(StatusCode::BAD_REQUEST, body);
+        assert_eq!(
+            (e.message.as_str(), &*e.kind),
+            ("m", "invalid_request_error")
+        );
+        assert_eq!(
+            (e.param.as_deref(), e.code.as_deref()),
+            (Some("p"), Some("c"))
+        );
     }
 
     #[test]
     fn vllm_integer_code_becomes_string() {
         let body = br#"{"error":{"message":"The model `nope` does not exist.","type":"NotFoundError","param":"model","code":404}}"#;
-        let out = parse(&normalize_backend_error(StatusCode::NOT_FOUND, body).unwrap());
-        assert_eq!(out["error"]["code"], "404");
-        assert_eq!(out["error"]["type"], "NotFoundError");
-        assert_eq!(out["error"]["param"], "model");
+        let e = from_backend(StatusCode::NOT_FOUND, body);
+        assert_eq!(e.code.as_deref(), Some("404"));
+        assert_eq!(&*e.kind, "NotFoundError");
+        assert_eq!(e.param.as_deref(), Some("model"));
     }
 
     #[test]
     fn vllm_legacy_flat_body() {
         let body = br#"{"object":"error","message":"too long","type":"BadRequestError","param":null,"code":400}"#;
-        let out = parse(&normalize_backend_error(StatusCode::BAD_REQUEST, body).unwrap());
-        assert_eq!(out["error"]["message"], "too long");
-        assert_eq!(out["error"]["type"], "BadRequestError");
+        let e = from_backend(StatusCode::BAD_REQUEST, body);
+        assert_eq!(e.message, "too long");
+        assert_eq!(&*e.kind, "BadRequestError");
     }
 
     #[test]
     fn tgi_body() {
         let body = br#"{"error":"Model is overloaded","error_type":"overloaded"}"#;
-        let out = parse(&normalize_backend_error(StatusCode::TOO_MANY_REQUESTS, body).unwrap());
-        assert_eq!(out["error"]["message"], "Model is overloaded");
-        assert_eq!(out["error"]["type"], "overloaded");
-        assert!(out["error"]["code"].is_null());
+        let e = from_backend(StatusCode::TOO_MANY_REQUESTS, body);
+        assert_eq!(e.message, "Model is overloaded");
+        assert_eq!(&*e.kind, "overloaded");
+        assert!(e.code.is_none());
     }
 
     #[test]
     fn plain_text_and_empty() {
-        let out = parse(&normalize_backend_error(StatusCode::UNAUTHORIZED, b"").unwrap());
-        assert_eq!(out["error"]["message"], "Unauthorized");
-        assert_eq!(out["error"]["type"], "authentication_error");
-        let out =
-            parse(&normalize_backend_error(StatusCode::BAD_GATEWAY, b"upstream died").unwrap());
-        assert_eq!(out["error"]["message"], "upstream died");
+        let e = from_backend(StatusCode::UNAUTHORIZED, b"");
+        assert_eq!(e.message, "Unauthorized");
+        assert_eq!(&*e.kind, "authentication_error");
+        let e = from_backend(StatusCode::BAD_GATEWAY, b"upstream died");
+        assert_eq!(e.message, "upstream died");
+        let e = from_backend(
+            StatusCode::BAD_GATEWAY,
+            br#"{"error":{"message":"x","type":""}}"#,
+        );
+        assert_eq!(&*e.kind, "server_error");
     }
 
     #[test]

@@ -37,7 +37,7 @@ use crate::config::BackendKind;
 use crate::fleet::LoadGuard;
 use crate::gateway::{Gateway, Runtime};
 use crate::openai::edit::{self, Splice};
-use crate::openai::error::{insert_retry_after, normalize_backend_error};
+use crate::openai::error::{from_backend, insert_retry_after};
 use crate::openai::{request, ApiError, Endpoint};
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
@@ -73,11 +73,6 @@ pub async fn handle(gw: Arc<Gateway>, endpoint: Endpoint, req: Request<Body>) ->
         response.headers_mut().insert("x-request-id", v);
     }
     response
-}
-
-/// A random 128-bit id in hex.
-pub fn new_id() -> String {
-    crate::server::guard::new_id()
 }
 
 async fn read_body(req: Request<Body>, limit: usize) -> Result<(HeaderMap, Bytes), ApiError> {
@@ -291,11 +286,10 @@ async fn proxy(
                     .state
                     .record_live_failure(&config.health, false, status.as_str()),
             }
-            let (parts, body) = resp.into_parts();
-            let err_body = read_capped(body, MAX_ERROR_BODY, timeouts.idle)
+            let err_body = read_capped(resp.into_body(), MAX_ERROR_BODY, timeouts.idle)
                 .await
                 .unwrap_or_default();
-            last_failure = Some(client_error(status, &parts.headers, &err_body));
+            last_failure = Some(from_backend(status, &err_body));
             tracing::info!(request_id = %record.request_id, backend = backend.name(), status = status.as_u16(), "backend busy or failing; trying another");
             continue;
         }
@@ -315,7 +309,7 @@ async fn proxy(
             let err_body = read_capped(upstream, MAX_ERROR_BODY, timeouts.idle)
                 .await
                 .unwrap_or_default();
-            let mut response = client_error(status, &parts.headers, &err_body).into_response();
+            let mut response = from_backend(status, &err_body).into_response();
             if let Some(after) = retry_after(&parts.headers) {
                 insert_retry_after(response.headers_mut(), after);
             }
@@ -516,31 +510,6 @@ fn take_record(record: &mut AccessRecord) -> AccessRecord {
 fn finish_record(record: &mut AccessRecord) {
     let taken = take_record(record);
     taken.finish();
-}
-
-/// A backend's error, normalised, with its status.
-fn client_error(status: StatusCode, _headers: &HeaderMap, body: &[u8]) -> ApiError {
-    let normalized = normalize_backend_error(status, body);
-    let bytes = normalized.unwrap_or_else(|| Bytes::copy_from_slice(body));
-    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-    let e = &v["error"];
-    let kind = match e["type"].as_str() {
-        Some(t) if !t.is_empty() => t.to_string(),
-        _ if status.is_client_error() => "invalid_request_error".to_string(),
-        _ => "server_error".to_string(),
-    };
-    let mut err = ApiError::new(
-        status,
-        kind,
-        e["message"].as_str().unwrap_or("backend error").to_string(),
-    );
-    err.param = e["param"].as_str().map(str::to_string);
-    err.code = match &e["code"] {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    };
-    err
 }
 
 /// Read a body up to `limit` bytes, allowing at most `idle` between frames.
