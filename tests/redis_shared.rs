@@ -141,3 +141,67 @@ async fn fail_open_falls_back_to_local_limits() {
     assert_eq!(codes.iter().filter(|s| **s == 200).count(), 5, "{codes:?}");
     assert_eq!(codes.iter().filter(|s| **s == 429).count(), 3, "{codes:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_longer_than_the_lease_keeps_its_concurrency_slot() {
+    let Some(redis) = redis().await else { return };
+    // A 3 s stream (150 tokens, 20 ms each) against a 1 s lease: only renewal keeps the slot.
+    let sim = sluice::sim::spawn(
+        SimConfig::new(SimKind::Vllm, vec!["m".into()])
+            .speed(1.0)
+            .timing(sluice::sim::Timing {
+                decode_base: Duration::from_millis(20),
+                decode_per_seq: Duration::ZERO,
+                ..Default::default()
+            })
+            .output_tokens(150, 150),
+    )
+    .await
+    .unwrap();
+    let (key, hash) = sluice::auth::mint();
+    let toml = format!(
+        "{}\n[[keys]]\nname = \"k\"\nhash = \"{hash}\"\nmax_concurrent = 1\n[limits]\nredis_url = \"redis://127.0.0.1:{}/\"\nfail_open = false\nconcurrency_lease = \"1s\"\n",
+        backend("b", "vllm", &sim.url(), &["m"]),
+        redis.port
+    );
+    let a = TestGateway::start_healthy(&toml).await;
+    let b = TestGateway::start_healthy(&toml).await;
+    let c = client();
+    let mut stream = c
+        .post(a.url("/v1/chat/completions"))
+        .bearer_auth(&key)
+        .json(&chat_body("m", true, 150))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert!(stream.chunk().await.unwrap().is_some());
+    let started = Instant::now();
+    // Two lease lifetimes and more: the other replica still sees the slot taken.
+    let mut checks = 0;
+    while started.elapsed() < Duration::from_millis(2200) {
+        assert_eq!(
+            post(&c, b.url("/v1/chat/completions"), &key).await,
+            429,
+            "slot lost after {:?}",
+            started.elapsed()
+        );
+        checks += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(checks >= 5);
+    // The stream was still running all along, and its end frees the slot.
+    let mut rest = 0;
+    while let Some(bytes) = stream.chunk().await.unwrap() {
+        rest += bytes.len();
+    }
+    assert!(rest > 0);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        if post(&c, b.url("/v1/chat/completions"), &key).await == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "slot not freed after the stream");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -260,6 +260,9 @@ pub struct LimitsSection {
     pub fail_open: Option<bool>,
     /// The period the `*_per_minute` limits are counted over (default "60s"; shorter for tests).
     pub window: Option<String>,
+    /// Shared mode: how long a concurrency slot outlives a replica that died holding it
+    /// (default "5m"; renewed every third of it while the request runs).
+    pub concurrency_lease: Option<String>,
     /// Defaults for keys that do not set their own.
     pub requests_per_minute: Option<u32>,
     pub tokens_per_minute: Option<u64>,

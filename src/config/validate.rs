@@ -349,6 +349,8 @@ pub struct LimitsConfig {
     pub window: Duration,
     /// Per-key defaults.
     pub defaults: LimitSet,
+    /// Shared mode: the lifetime of an unrenewed concurrency slot in Redis.
+    pub concurrency_lease: Duration,
 }
 
 impl Config {
@@ -907,7 +909,16 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         fail_open: l.fail_open.unwrap_or(true),
         window: duration(&mut p, "limits.window", &l.window, Duration::from_secs(60)),
         defaults,
+        concurrency_lease: duration(
+            &mut p,
+            "limits.concurrency_lease",
+            &l.concurrency_lease,
+            Duration::from_secs(5 * 60),
+        ),
     };
+    if limits.concurrency_lease < Duration::from_secs(1) {
+        p.push("limits.concurrency_lease", "must be at least 1s");
+    }
     let hide_disallowed_models = f.auth.hide_disallowed_models.unwrap_or(false);
 
     let redis_url = secret(&mut p, "limits.redis_url", &f.limits.redis_url, env);

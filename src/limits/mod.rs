@@ -92,7 +92,7 @@ impl std::fmt::Debug for Limits {
 
 fn shared_store(config: &Config) -> Option<Arc<RedisStore>> {
     let url = config.redis_url.as_deref()?;
-    match RedisStore::new(url) {
+    match RedisStore::new(url, config.limits.concurrency_lease) {
         Ok(s) => Some(Arc::new(s)),
         Err(e) => {
             tracing::error!("limits.redis_url is unusable ({e}); limits are enforced per replica");
@@ -115,7 +115,9 @@ impl Limits {
     pub fn reconfigure(&self, config: &Config) {
         self.settings.store(Arc::new(Settings::of(config)));
         let same = match (&*self.shared.load(), config.redis_url.as_deref()) {
-            (Some(s), Some(url)) => s.url() == url,
+            (Some(s), Some(url)) => {
+                s.url() == url && s.lease_ttl() == config.limits.concurrency_lease
+            }
             (None, None) => true,
             _ => false,
         };
@@ -158,6 +160,7 @@ impl Limits {
             periods: Vec::new(),
             reserved: tokens,
             lease: String::new(),
+            renewal: None,
             window_ms: s.window_ms,
             usage: self.usage.clone(),
             key: identity.key.clone(),
@@ -175,7 +178,12 @@ impl Limits {
         let shared = self.shared.load_full();
         let (decision, store) = match shared {
             Some(r) => match r.admit(&checks, s.window_ms, &lease).await {
-                Ok(d) => (d.decision, Store::Shared(r)),
+                Ok(d) => {
+                    if d.decision.refused.is_none() {
+                        held.renewal = shared::Renewal::start(r.clone(), &checks, &lease);
+                    }
+                    (d.decision, Store::Shared(r))
+                }
                 Err(e) => {
                     if !matches!(e, shared::SharedError::Resting) {
                         tracing::warn!(fail_open = s.fail_open, "shared limits unavailable: {e}");
@@ -303,6 +311,8 @@ struct Held {
     periods: Vec<i64>,
     reserved: u64,
     lease: String,
+    /// Shared mode: keeps the concurrency leases alive while the request runs.
+    renewal: Option<shared::Renewal>,
     window_ms: f64,
     usage: Arc<UsageBook>,
     key: String,
@@ -313,7 +323,8 @@ struct Held {
 
 impl Held {
     /// `outcome` is `None` when the permit is dropped unsettled (refund everything).
-    fn settle(self, outcome: Option<&Outcome>) {
+    fn settle(mut self, outcome: Option<&Outcome>) {
+        self.renewal = None;
         let actual = match outcome {
             Some(o) => match o.usage {
                 Some(u) => u.prompt_tokens.saturating_add(u.completion_tokens),

@@ -4,8 +4,10 @@
 //!
 //! Storage (prefix `sluice:v1:`, the `v1` changes whenever a script's data layout does):
 //! - rate meters: a hash `{u: units used, t: ms of last update}`, expiring once drained;
-//! - concurrency: a sorted set of permit leases scored by their expiry (a replica that dies
-//!   mid-request frees its slots after [`LEASE_TTL`]);
+//! - concurrency: a sorted set of permit leases scored by their expiry. A running request's
+//!   lease is renewed every third of its lifetime ([`RedisStore::renew`]), so a stream may run
+//!   for hours, while a replica that dies mid-request frees its slots one lifetime later
+//!   (`[limits] concurrency_lease`, default [`DEFAULT_LEASE_TTL`]);
 //! - budgets: `<id>:<day or month number>` holding the tokens used, expiring after the period.
 //!
 //! Failure: every call has a short deadline. After a failure the store is skipped for
@@ -20,8 +22,8 @@ use redis::Script;
 
 use super::plan::{Check, CheckState, Decision, Kind};
 
-/// How long a concurrency slot survives a replica that never releases it.
-pub const LEASE_TTL: Duration = Duration::from_secs(15 * 60);
+/// How long a concurrency slot survives a replica that stopped renewing it.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5 * 60);
 /// Deadline of one Redis call (connect or script).
 pub const CALL_TIMEOUT: Duration = Duration::from_millis(500);
 /// After a failure, Redis is not tried again for this long.
@@ -148,7 +150,9 @@ if refused == 0 then
       redis.call('PEXPIRE', k, math.ceil(u * window / limit) + 1000)
     elseif kind == 'c' then
       redis.call('ZADD', k, now + lease_ttl, lease)
-      redis.call('PEXPIRE', k, lease_ttl + 1000)
+      if redis.call('PTTL', k) < lease_ttl + 1000 then
+        redis.call('PEXPIRE', k, lease_ttl + 1000)
+      end
     else
       local id = out[3 + (i - 1) * 4 + 4]
       redis.call('SET', k .. ':' .. id, used_of[i] + cost, 'PX', end_of[i] - now + DAY)
@@ -156,6 +160,29 @@ if refused == 0 then
   end
 end
 return out
+"#;
+
+/// KEYS: concurrency keys. ARGV: lease, lease_ttl_ms. Extends the lease where it still exists
+/// (a lease already expired and swept is not brought back). Returns how many were extended.
+const RENEW: &str = r#"
+-- sluice limits v1: renew
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = ARGV[1]
+local lease_ttl = tonumber(ARGV[2])
+local n = 0
+for i = 1, #KEYS do
+  local k = KEYS[i]
+  if redis.call('ZSCORE', k, lease) then
+    redis.call('ZADD', k, 'XX', now + lease_ttl, lease)
+    if redis.call('PTTL', k) < lease_ttl + 1000 then
+      redis.call('PEXPIRE', k, lease_ttl + 1000)
+    end
+    n = n + 1
+  end
+end
+return n
 "#;
 
 /// KEYS: state keys (budgets with their period suffix). ARGV: window_ms, lease, delta, then
@@ -211,8 +238,10 @@ pub struct RedisStore {
     client: redis::Client,
     conn: tokio::sync::Mutex<Option<ConnectionManager>>,
     rest_until_ms: AtomicU64,
+    lease_ttl: Duration,
     admit: Script,
     settle: Script,
+    renew: Script,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -230,20 +259,27 @@ pub struct SharedDecision {
 }
 
 impl RedisStore {
-    /// A store for `url` (no connection is made until the first request).
-    pub fn new(url: &str) -> Result<RedisStore, SharedError> {
+    /// A store for `url` whose concurrency leases live `lease_ttl` unless renewed (no
+    /// connection is made until the first request).
+    pub fn new(url: &str, lease_ttl: Duration) -> Result<RedisStore, SharedError> {
         Ok(RedisStore {
             url: url.to_string(),
             client: redis::Client::open(url)?,
             conn: tokio::sync::Mutex::new(None),
             rest_until_ms: AtomicU64::new(0),
+            lease_ttl,
             admit: Script::new(&format!("{CALENDAR}{ADMIT}")),
             settle: Script::new(&format!("{CALENDAR}{SETTLE}")),
+            renew: Script::new(RENEW),
         })
     }
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    pub fn lease_ttl(&self) -> Duration {
+        self.lease_ttl
     }
 
     fn resting(&self) -> bool {
@@ -307,7 +343,7 @@ impl RedisStore {
         let mut inv = self.admit.prepare_invoke();
         inv.arg(window_ms.round() as u64)
             .arg(lease)
-            .arg(LEASE_TTL.as_millis() as u64);
+            .arg(self.lease_ttl.as_millis() as u64);
         for c in checks {
             inv.key(format!("{KEY_PREFIX}{}", c.id))
                 .arg(c.kind.code())
@@ -352,6 +388,71 @@ impl RedisStore {
         }
         let _: i64 = self.run(&inv).await?;
         Ok(())
+    }
+}
+
+impl RedisStore {
+    /// Extend `lease` on every concurrency check of `checks` by another lease lifetime.
+    /// Returns how many slots were still held (0: the lease expired, e.g. Redis was out of
+    /// reach for longer than a lifetime).
+    pub async fn renew(&self, checks: &[Check], lease: &str) -> Result<i64, SharedError> {
+        let mut inv = self.renew.prepare_invoke();
+        inv.arg(lease).arg(self.lease_ttl.as_millis() as u64);
+        let mut any = false;
+        for c in checks.iter().filter(|c| c.kind == Kind::Concurrency) {
+            inv.key(format!("{KEY_PREFIX}{}", c.id));
+            any = true;
+        }
+        if !any {
+            return Ok(0);
+        }
+        self.run(&inv).await
+    }
+}
+
+/// Keeps a running request's concurrency leases alive: renews them every third of their
+/// lifetime until aborted (dropping the guard aborts it).
+pub(super) struct Renewal(tokio::task::AbortHandle);
+
+impl Renewal {
+    /// `None` when no check is a concurrency check, or outside a runtime.
+    pub(super) fn start(
+        store: std::sync::Arc<RedisStore>,
+        checks: &[Check],
+        lease: &str,
+    ) -> Option<Renewal> {
+        let checks: Vec<Check> = checks
+            .iter()
+            .filter(|c| c.kind == Kind::Concurrency)
+            .cloned()
+            .collect();
+        if checks.is_empty() {
+            return None;
+        }
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let lease = lease.to_string();
+        let every = store.lease_ttl / 3;
+        let task = rt.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match store.renew(&checks, &lease).await {
+                    Ok(0) => {
+                        tracing::warn!("shared limits: a running request's concurrency lease had expired; its slot is no longer counted");
+                        return;
+                    }
+                    Ok(_) => {}
+                    // Retried at the next turn; the lease outlives two missed renewals.
+                    Err(e) => tracing::debug!("shared limits: lease renewal failed: {e}"),
+                }
+            }
+        });
+        Some(Renewal(task.abort_handle()))
+    }
+}
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
