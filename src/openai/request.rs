@@ -95,7 +95,9 @@ struct Wire<'a> {
     model: Option<&'a RawValue>,
     #[serde(borrow)]
     stream: Option<&'a RawValue>,
-    #[serde(borrow)]
+    /// Kept even when `null` (plain `Option` would turn it into `None` and lose its span, and
+    /// the usage splice would then add a second `stream_options` key).
+    #[serde(borrow, default, deserialize_with = "present")]
     stream_options: Option<&'a RawValue>,
     #[serde(borrow)]
     max_tokens: Option<&'a RawValue>,
@@ -109,6 +111,11 @@ struct Wire<'a> {
     prompt: Option<&'a RawValue>,
     #[serde(borrow)]
     input: Option<&'a RawValue>,
+}
+
+/// A present field as `Some`, `null` included.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&'de RawValue>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -204,12 +211,15 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
     let max_completion = non_negative(wire.max_completion_tokens, "max_completion_tokens")?;
     let max_tokens_field = non_negative(wire.max_tokens, "max_tokens")?;
     let max_tokens = max_completion.or(max_tokens_field);
-    if let Some(m) = max_tokens {
-        if m > MAX_TOKENS_LIMIT {
+    for (value, name) in [
+        (max_completion, "max_completion_tokens"),
+        (max_tokens_field, "max_tokens"),
+    ] {
+        if let Some(m) = value.filter(|m| *m > MAX_TOKENS_LIMIT) {
             return Err(ApiError::bad_request(format!(
-                "`max_tokens` of {m} is beyond any model's context; the limit is {MAX_TOKENS_LIMIT}."
+                "`{name}` of {m} is beyond any model's context; the limit is {MAX_TOKENS_LIMIT}."
             ))
-            .with_param("max_tokens"));
+            .with_param(name));
         }
     }
     let n = match non_negative(wire.n, "n")? {
@@ -234,6 +244,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
             let raw = wire.prompt.ok_or_else(|| {
                 ApiError::bad_request("`prompt` is required.").with_param("prompt")
             })?;
+            string_or_array(raw, "prompt")?;
             let est = estimate_raw(raw);
             (est, Some(prefix_of(raw.get().as_bytes())))
         }
@@ -241,6 +252,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
             let raw = wire
                 .input
                 .ok_or_else(|| ApiError::bad_request("`input` is required.").with_param("input"))?;
+            string_or_array(raw, "input")?;
             (estimate_raw(raw), None)
         }
     };
@@ -312,6 +324,19 @@ fn non_negative(raw: Option<&RawValue>, name: &str) -> Result<Option<u64>, ApiEr
         Err(_) => Err(ApiError::bad_request(format!(
             "`{name}` must be a non-negative integer, got {}.",
             clip(text)
+        ))
+        .with_param(name)),
+    }
+}
+
+/// `prompt` and `input` are a string or an array (of strings, token ids or arrays of token
+/// ids); the elements are the backend's to check.
+fn string_or_array(raw: &RawValue, name: &str) -> Result<(), ApiError> {
+    match raw.get().as_bytes().first() {
+        Some(b'"') | Some(b'[') => Ok(()),
+        _ => Err(ApiError::bad_request(format!(
+            "`{name}` must be a string or an array, got {}.",
+            clip(raw.get())
         ))
         .with_param(name)),
     }
