@@ -151,10 +151,12 @@ pub async fn serve_gateway(
             tracing::info!(%addr, "admin listening");
         }
         let app = server::routes::admin(gw.clone());
-        tokio::spawn(server::serve(l, app, wait(stop_rx.clone()), grace))
+        let limits = server::ListenerLimits::admin(&gw.runtime().config);
+        tokio::spawn(server::serve(l, app, limits, wait(stop_rx.clone()), grace))
     });
     let app = server::routes::api(gw.clone(), admin_task.is_none());
-    server::serve_with_tls(listener, app, tls, wait(stop_rx), grace).await;
+    let limits = server::ListenerLimits::client(&gw.runtime().config.server);
+    server::serve_with_tls(listener, app, tls, limits, wait(stop_rx), grace).await;
     if let Some(t) = admin_task {
         let _ = t.await;
     }

@@ -135,6 +135,40 @@ pub struct ServerSection {
     /// After SIGTERM, how long `/readyz` answers 503 while everything is still served, before
     /// the listener closes (lets a load balancer or Kubernetes stop sending first; default "0s").
     pub shutdown_delay: Option<String>,
+    /// Open connections on the client listener at most (default 10000); beyond, a new
+    /// connection is closed at once.
+    pub max_connections: Option<u64>,
+    /// Open connections from one client address (IPv6: one /64) at most (default 1000; 0 = no
+    /// per-address cap).
+    pub max_connections_per_ip: Option<u64>,
+    /// Longest time to receive a request head (default "30s"; slowloris). HTTP/1 waits at most
+    /// this long for the next request on a kept-alive connection, too.
+    pub header_read_timeout: Option<String>,
+    /// Longest time to receive a request body once its head arrived (default "60s"; 408 beyond).
+    pub body_read_timeout: Option<String>,
+    /// A connection with no request in flight is closed after this (default "60s").
+    pub idle_timeout: Option<String>,
+    /// Largest request head in bytes (default 65536, at least 8192; 431 beyond). Also the
+    /// HTTP/1 connection's read buffer and HTTP/2's SETTINGS_MAX_HEADER_LIST_SIZE.
+    pub max_header_bytes: Option<u64>,
+    /// Most header fields in an HTTP/1 request (default 100; 431 beyond).
+    pub max_headers: Option<u64>,
+    /// HTTP/2 streams open at once per connection (default 256).
+    pub http2_max_concurrent_streams: Option<u64>,
+    /// HTTP/2 streams a client may reset before the gateway accepted them (default 20; beyond,
+    /// GOAWAY ENHANCE_YOUR_CALM).
+    pub http2_max_pending_accept_reset_streams: Option<u64>,
+    /// HTTP/2 streams the gateway may reset for protocol errors per connection (default 1024).
+    pub http2_max_local_error_reset_streams: Option<u64>,
+    /// HTTP/2 requests a client may cancel (RST_STREAM) per connection within 10 s after they
+    /// reached the gateway (default 200; beyond, GOAWAY and close: rapid reset).
+    pub http2_max_client_resets: Option<u64>,
+    /// HTTP/2 bytes buffered for sending per stream (default 262144).
+    pub http2_max_send_buf_size: Option<u64>,
+    /// HTTP/2 receive window per stream, in bytes (default 1048576).
+    pub http2_initial_stream_window_size: Option<u64>,
+    /// HTTP/2 receive window per connection, in bytes (default 1048576).
+    pub http2_initial_connection_window_size: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -142,6 +176,8 @@ pub struct ServerSection {
 pub struct AdminSection {
     pub listen: Option<String>,
     pub token: Option<String>,
+    /// Open connections on the admin listener at most (default 256).
+    pub max_connections: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

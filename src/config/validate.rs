@@ -91,12 +91,71 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Unready-but-serving time between SIGTERM and closing the listener.
     pub shutdown_delay: Duration,
+    /// Connection admission, client-side timeouts and protocol bounds of the client listener.
+    pub connections: ConnectionLimits,
+}
+
+/// The client-facing resource bounds of a listener (`[server]`); see `crate::server`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Open connections per client address (IPv6: per /64); 0 = no per-address cap.
+    pub max_connections_per_ip: usize,
+    /// Longest time to receive a request head (and, HTTP/1, to wait for the next one).
+    pub header_read_timeout: Duration,
+    /// Longest time to receive a request body after its head.
+    pub body_read_timeout: Duration,
+    /// A connection with no request in flight is closed after this.
+    pub idle_timeout: Duration,
+    /// Largest request head (HTTP/1 read buffer, HTTP/2 header list).
+    pub max_header_bytes: usize,
+    /// Most header fields in an HTTP/1 request.
+    pub max_headers: usize,
+    pub http2_max_concurrent_streams: u32,
+    pub http2_max_pending_accept_reset_streams: usize,
+    pub http2_max_local_error_reset_streams: usize,
+    /// Requests a client may cancel per connection within [`ConnectionLimits::RESET_WINDOW`].
+    pub http2_max_client_resets: u32,
+    pub http2_max_send_buf_size: usize,
+    pub http2_initial_stream_window_size: u32,
+    pub http2_initial_connection_window_size: u32,
+}
+
+impl ConnectionLimits {
+    /// The window `http2_max_client_resets` is counted over.
+    pub const RESET_WINDOW: Duration = Duration::from_secs(10);
+    /// The smallest `max_header_bytes` (hyper's smallest HTTP/1 buffer).
+    pub const MIN_HEADER_BYTES: usize = 8192;
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max_connections: 10_000,
+            max_connections_per_ip: 1000,
+            header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            http2_max_concurrent_streams: 256,
+            http2_max_pending_accept_reset_streams: 20,
+            http2_max_local_error_reset_streams: 1024,
+            http2_max_client_resets: 200,
+            http2_max_send_buf_size: 256 * 1024,
+            http2_initial_stream_window_size: 1024 * 1024,
+            http2_initial_connection_window_size: 1024 * 1024,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
     pub token: Option<String>,
+    /// Open connections on the admin listener at most.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -621,6 +680,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
             &f.server.shutdown_delay,
             Duration::ZERO,
         ),
+        connections: connection_limits(&mut p, &f.server),
     };
 
     let admin = f.admin.as_ref().and_then(|a| {
@@ -637,7 +697,15 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
                 "is required when admin.listen is not a loopback address",
             );
         }
-        Some(AdminConfig { listen, token })
+        let max_connections = match a.max_connections {
+            None => 256,
+            Some(n) => bounded(&mut p, "admin.max_connections", n, 1, 1 << 20),
+        };
+        Some(AdminConfig {
+            listen,
+            token,
+            max_connections,
+        })
     });
 
     let policy = match f.routing.policy.as_deref() {
@@ -970,6 +1038,124 @@ fn zero_ok_duration(p: &mut Problems, at: &str, v: &Option<String>, default: Dur
     }
 }
 
+/// `n` when it lies in `min..=max`, else a problem at `at` (and `min`).
+fn bounded(p: &mut Problems, at: &str, n: u64, min: u64, max: u64) -> usize {
+    if (min..=max).contains(&n) {
+        usize::try_from(n).unwrap_or(usize::MAX)
+    } else {
+        p.push(at, format!("must be between {min} and {max}"));
+        usize::try_from(min).unwrap_or(usize::MAX)
+    }
+}
+
+/// `[server]`'s connection admission, client-side timeouts and protocol bounds.
+fn connection_limits(p: &mut Problems, s: &super::file::ServerSection) -> ConnectionLimits {
+    let d = ConnectionLimits::default();
+    let num = |p: &mut Problems, at: &str, v: Option<u64>, def: usize, min: u64, max: u64| match v
+    {
+        None => def,
+        Some(n) => bounded(p, at, n, min, max),
+    };
+    // HTTP/2 window sizes: RFC 9113 caps them at 2^31-1; below 64 KiB streams crawl.
+    let window = |p: &mut Problems, at: &str, v: Option<u64>, def: u32| {
+        u32::try_from(num(p, at, v, def as usize, 65_535, (1 << 31) - 1)).unwrap_or(def)
+    };
+    ConnectionLimits {
+        max_connections: num(
+            p,
+            "server.max_connections",
+            s.max_connections,
+            d.max_connections,
+            1,
+            1 << 24,
+        ),
+        max_connections_per_ip: num(
+            p,
+            "server.max_connections_per_ip",
+            s.max_connections_per_ip,
+            d.max_connections_per_ip,
+            0,
+            1 << 24,
+        ),
+        header_read_timeout: duration(
+            p,
+            "server.header_read_timeout",
+            &s.header_read_timeout,
+            d.header_read_timeout,
+        ),
+        body_read_timeout: duration(
+            p,
+            "server.body_read_timeout",
+            &s.body_read_timeout,
+            d.body_read_timeout,
+        ),
+        idle_timeout: duration(p, "server.idle_timeout", &s.idle_timeout, d.idle_timeout),
+        max_header_bytes: num(
+            p,
+            "server.max_header_bytes",
+            s.max_header_bytes,
+            d.max_header_bytes,
+            ConnectionLimits::MIN_HEADER_BYTES as u64,
+            16 << 20,
+        ),
+        max_headers: num(p, "server.max_headers", s.max_headers, d.max_headers, 1, 10_000),
+        http2_max_concurrent_streams: u32::try_from(num(
+            p,
+            "server.http2_max_concurrent_streams",
+            s.http2_max_concurrent_streams,
+            d.http2_max_concurrent_streams as usize,
+            1,
+            1 << 20,
+        ))
+        .unwrap_or(d.http2_max_concurrent_streams),
+        http2_max_pending_accept_reset_streams: num(
+            p,
+            "server.http2_max_pending_accept_reset_streams",
+            s.http2_max_pending_accept_reset_streams,
+            d.http2_max_pending_accept_reset_streams,
+            1,
+            1 << 20,
+        ),
+        http2_max_local_error_reset_streams: num(
+            p,
+            "server.http2_max_local_error_reset_streams",
+            s.http2_max_local_error_reset_streams,
+            d.http2_max_local_error_reset_streams,
+            1,
+            1 << 20,
+        ),
+        http2_max_client_resets: u32::try_from(num(
+            p,
+            "server.http2_max_client_resets",
+            s.http2_max_client_resets,
+            d.http2_max_client_resets as usize,
+            1,
+            1 << 20,
+        ))
+        .unwrap_or(d.http2_max_client_resets),
+        http2_max_send_buf_size: num(
+            p,
+            "server.http2_max_send_buf_size",
+            s.http2_max_send_buf_size,
+            d.http2_max_send_buf_size,
+            16 * 1024,
+            64 << 20,
+        ),
+        http2_initial_stream_window_size: window(
+            p,
+            "server.http2_initial_stream_window_size",
+            s.http2_initial_stream_window_size,
+            d.http2_initial_stream_window_size,
+        ),
+        http2_initial_connection_window_size: window(
+            p,
+            "server.http2_initial_connection_window_size",
+            s.http2_initial_connection_window_size,
+            d.http2_initial_connection_window_size,
+        ),
+    }
+}
+
 /// `[registration]`, `[[discovery]]` and `[queue]`.
 fn membership_and_queue(
     p: &mut Problems,
@@ -1095,6 +1281,30 @@ hash = "md5:abc"
             assert!(joined.contains(needle), "missing {needle} in:\n{joined}");
         }
         assert_eq!(err.len(), 6, "{joined}");
+    }
+
+    #[test]
+    fn connection_limits_defaults_and_bounds() {
+        let c = from_str("", "t").unwrap();
+        assert_eq!(c.server.connections, ConnectionLimits::default());
+        let text = "[server]\nmax_connections = 0\nmax_header_bytes = 100\nidle_timeout = \"0s\"\nhttp2_initial_stream_window_size = 1\n[admin]\nmax_connections = 0\n";
+        let joined = from_str(text, "t").unwrap_err().problems().join("\n");
+        for needle in [
+            "server.max_connections: must be between 1",
+            "server.max_header_bytes: must be between 8192",
+            "server.idle_timeout: must be greater than zero",
+            "server.http2_initial_stream_window_size: must be between 65535",
+            "admin.max_connections: must be between 1",
+        ] {
+            assert!(joined.contains(needle), "missing {needle} in:\n{joined}");
+        }
+        let ok = from_str(
+            "[server]\nmax_connections_per_ip = 0\nbody_read_timeout = \"2s\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(ok.server.connections.max_connections_per_ip, 0);
+        assert_eq!(ok.server.connections.body_read_timeout, Duration::from_secs(2));
     }
 
     #[test]

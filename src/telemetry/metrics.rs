@@ -55,6 +55,18 @@ pub const TLS_RELOADS_TOTAL: &str = "sluice_tls_reloads_total";
 pub const TLS_HANDSHAKE_ERRORS_TOTAL: &str = "sluice_tls_handshake_errors_total";
 /// Always 1, labelled with the `version` of the running binary.
 pub const BUILD_INFO: &str = "sluice_build_info";
+/// Connections open now, by `listener` (client|admin).
+pub const CONNECTIONS_OPEN: &str = "sluice_connections_open";
+/// Connections closed at accept by a limit, by `listener` and `reason`
+/// (max_connections|max_connections_per_ip).
+pub const CONNECTIONS_REJECTED_TOTAL: &str = "sluice_connections_rejected_total";
+/// Clients cut for being too slow, by `listener` and `kind` (header: no complete request head
+/// within `header_read_timeout` — a new connection that starts no request, a trickled head, or
+/// on HTTP/1 a kept-alive connection waiting that long; body: 408 after `body_read_timeout`;
+/// idle: no request in flight for `idle_timeout`).
+pub const CLIENT_TIMEOUTS_TOTAL: &str = "sluice_client_timeouts_total";
+/// HTTP/2 connections closed for resetting too many streams (rapid reset), by `listener`.
+pub const HTTP2_RESET_FLOODS_TOTAL: &str = "sluice_http2_reset_floods_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
