@@ -442,9 +442,8 @@ async fn duplicate_routed_keys_are_refused_so_the_allow_list_cannot_be_bypassed(
         format!(
             r#"{{"model":"allowed",{msg},"messages":[{{"role":"user","content":"a much longer prompt"}}]}}"#
         ),
-        format!(
-            r#"{{"model":"allowed","messages":[{{"role":"user","role":"system","content":"x"}}]}}"#
-        ),
+        r#"{"model":"allowed","messages":[{"role":"user","role":"system","content":"x"}]}"#
+            .to_string(),
         // A second JSON value after the object (a last-object-wins parser would route it).
         format!(r#"{{"model":"allowed",{msg}}}{{"model":"secret",{msg}}}"#),
     ];

@@ -226,6 +226,9 @@ async fn proxy(
             timeouts.response
         };
         let sent_after = record.started.elapsed();
+        // A non-streamed answer (or an error body) must be complete within `timeouts.response`
+        // of the send, so a backend trickling bytes just faster than `idle` cannot hold it.
+        let body_deadline = tokio::time::Instant::now() + timeouts.response;
         // Whether this request will queue inside the engine: its TTFT then says little about
         // the backend's prefill speed.
         let queued = crate::routing::score::would_queue(backend, backend_model);
@@ -286,9 +289,14 @@ async fn proxy(
                     .state
                     .record_live_failure(&config.health, false, status.as_str()),
             }
-            let err_body = read_capped(resp.into_body(), MAX_ERROR_BODY, timeouts.idle)
-                .await
-                .unwrap_or_default();
+            let err_body = read_capped(
+                resp.into_body(),
+                MAX_ERROR_BODY,
+                timeouts.idle,
+                body_deadline,
+            )
+            .await
+            .unwrap_or_default();
             last_failure = Some(from_backend(status, &err_body));
             tracing::info!(request_id = %record.request_id, backend = backend.name(), status = status.as_u16(), "backend busy or failing; trying another");
             continue;
@@ -306,7 +314,7 @@ async fn proxy(
 
         let (parts, upstream) = resp.into_parts();
         if !status.is_success() {
-            let err_body = read_capped(upstream, MAX_ERROR_BODY, timeouts.idle)
+            let err_body = read_capped(upstream, MAX_ERROR_BODY, timeouts.idle, body_deadline)
                 .await
                 .unwrap_or_default();
             let mut response = from_backend(status, &err_body).into_response();
@@ -376,24 +384,48 @@ async fn proxy(
             return Ok(response);
         }
 
-        let whole =
-            match read_capped(upstream, config.server.max_response_bytes, timeouts.idle).await {
-                Ok(b) => b,
-                Err(e) => {
-                    backend
-                        .state
-                        .record_live_failure(&config.health, false, "body");
-                    settle.record.status = 502;
-                    settle.record.error = Some("backend_body".into());
-                    settle.finish();
-                    return Ok(ApiError::bad_gateway(format!(
-                        "Backend `{}` failed while sending its answer: {e}",
-                        backend.name()
-                    ))
-                    .into_response());
-                }
-            };
-        settle.usage = observe::usage_of(&whole);
+        let whole = match read_capped(
+            upstream,
+            config.server.max_response_bytes,
+            timeouts.idle,
+            body_deadline,
+        )
+        .await
+        {
+            Ok(b) => b,
+            Err(e) => {
+                backend
+                    .state
+                    .record_live_failure(&config.health, false, "body");
+                settle.record.status = 502;
+                settle.record.error = Some("backend_body".into());
+                settle.finish();
+                return Ok(ApiError::bad_gateway(format!(
+                    "Backend `{}` failed while sending its answer: {e}",
+                    backend.name()
+                ))
+                .into_response());
+            }
+        };
+        settle.usage = match observe::whole_usage(&whole) {
+            Ok(u) => u,
+            Err(e) => {
+                // Not JSON (garbage, NDJSON, a cut body): the client gets a clean 502, not the
+                // bytes; the backend is marked as for any broken answer.
+                backend
+                    .state
+                    .record_live_failure(&config.health, false, "invalid body");
+                settle.record.status = 502;
+                settle.record.error = Some("backend_invalid_body".into());
+                settle.finish();
+                return Ok(ApiError::bad_gateway(format!(
+                    "Backend `{}` sent an answer that is not JSON ({}).",
+                    backend.name(),
+                    e
+                ))
+                .into_response());
+            }
+        };
         settle.complete = true;
         let whole =
             if edits.rename_model.is_some() || edits.fill_id.is_some() || edits.normalize_finish {
@@ -512,16 +544,20 @@ fn finish_record(record: &mut AccessRecord) {
     taken.finish();
 }
 
-/// Read a body up to `limit` bytes, allowing at most `idle` between frames.
+/// Read a body up to `limit` bytes, allowing at most `idle` between frames and ending by
+/// `deadline`.
 async fn read_capped(
     body: hyper::body::Incoming,
     limit: usize,
     idle: Duration,
+    deadline: tokio::time::Instant,
 ) -> Result<Bytes, String> {
     let mut body = body;
     let mut buf = bytes::BytesMut::new();
     loop {
-        match tokio::time::timeout(idle, body.frame()).await {
+        let until = deadline.min(tokio::time::Instant::now() + idle);
+        match tokio::time::timeout_at(until, body.frame()).await {
+            Err(_) if until == deadline => return Err("not complete in time".to_string()),
             Err(_) => return Err(format!("no data for {idle:?}")),
             Ok(None) => return Ok(buf.freeze()),
             Ok(Some(Err(e))) => return Err(e.to_string()),

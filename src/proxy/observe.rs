@@ -2,9 +2,12 @@
 //! are observed on the side, and the settlement that runs when a request is over.
 //!
 //! Invariants:
-//! - A chunk is handed to the client as soon as it arrives. Only when an event must be edited
-//!   (model name put back, the injected usage chunk stripped, TGI's empty id filled) is an
-//!   unfinished event held until its end arrives; complete events are never held.
+//! - Complete events are handed to the client as soon as they arrive (the chunk itself, when it
+//!   holds whole events). The unfinished tail of an event is held until its end arrives: a
+//!   client cannot act on half an event, and a terminal error event must never land inside a
+//!   half-sent one. Complete events are never held.
+//! - An event whose data is not JSON (nor `[DONE]`) ends the stream with the terminal error
+//!   below, before that event reaches the client: SDKs would fail on it with a parse error.
 //! - Once a stream has started it is never retried; if the backend fails mid-way (reset, idle
 //!   timeout, oversized event, early end) the client gets a terminal SSE error event carrying an
 //!   OpenAI error object, then `data: [DONE]`, so SDKs raise instead of returning a silently
@@ -244,6 +247,8 @@ struct Seen {
     usage: Option<Usage>,
     usage_only: bool,
     error: bool,
+    /// The data is not JSON at all (valid JSON of an unexpected shape is not flagged).
+    invalid: bool,
 }
 
 fn inspect(data: &[u8]) -> Seen {
@@ -253,8 +258,14 @@ fn inspect(data: &[u8]) -> Seen {
             ..Seen::default()
         };
     }
-    let Ok(chunk) = serde_json::from_slice::<ChunkLite<'_>>(data) else {
-        return Seen::default();
+    let chunk = match serde_json::from_slice::<ChunkLite<'_>>(data) {
+        Ok(c) => c,
+        Err(e) => {
+            return Seen {
+                invalid: !e.is_data(),
+                ..Seen::default()
+            }
+        }
     };
     let mut seen = Seen {
         usage: chunk.usage,
@@ -314,6 +325,16 @@ pub fn edit_json(json: &[u8], edits: &Edits) -> Option<Bytes> {
 /// Read a usage object out of a whole (non-streamed) response.
 pub fn usage_of(json: &[u8]) -> Option<Usage> {
     serde_json::from_slice::<ChunkLite<'_>>(json).ok()?.usage
+}
+
+/// The usage of a whole (non-streamed) response; `Err` when the body is not JSON at all (valid
+/// JSON of an unexpected shape is `Ok(None)`).
+pub fn whole_usage(json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
+    match serde_json::from_slice::<ChunkLite<'_>>(json) {
+        Ok(c) => Ok(c.usage),
+        Err(e) if e.is_data() => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -391,19 +412,48 @@ impl ObservedStream {
     }
 
     fn on_data(&mut self, data: Bytes) {
+        // Bytes of an unfinished event held from earlier chunks (not sent yet).
+        let held = self.scanner.pending();
         if let Err(e) = self.scanner.feed(&data) {
             self.interrupt(&e.to_string());
             return;
         }
         if self.edits.is_passthrough() {
+            // Send the complete events, zero-copy: they are `data` minus the held tail, plus
+            // (when an event was held) the first event, which starts with the held bytes.
+            let (mut first, mut complete, mut invalid) = (None, 0usize, false);
             while let Some(event) = self.scanner.next_event() {
                 if let Some(payload) = event_data_borrowed(&event) {
                     let seen = inspect(&payload);
+                    if seen.invalid {
+                        invalid = true;
+                        break;
+                    }
                     self.observe(seen);
                 }
+                complete += event.len();
+                if held > 0 && first.is_none() {
+                    first = Some(event);
+                }
             }
-            self.scanner.mark_scanned();
-            self.out.push_back(data);
+            if !invalid {
+                self.scanner.mark_scanned();
+            }
+            let from_data = match first {
+                Some(f) => {
+                    let skip = f.len().saturating_sub(held);
+                    self.out.push_back(f);
+                    skip..complete.saturating_sub(held).max(skip)
+                }
+                None => 0..complete.saturating_sub(held),
+            };
+            if !from_data.is_empty() {
+                self.out
+                    .push_back(data.slice(from_data.start..from_data.end.min(data.len())));
+            }
+            if invalid {
+                self.interrupt("the backend sent an event that is not JSON");
+            }
             return;
         }
         let mut batch = BytesMut::new();
@@ -413,6 +463,13 @@ impl ObservedStream {
                 continue;
             };
             let seen = inspect(&payload);
+            if seen.invalid {
+                if !batch.is_empty() {
+                    self.out.push_back(batch.freeze());
+                }
+                self.interrupt("the backend sent an event that is not JSON");
+                return;
+            }
             self.observe(seen);
             if seen.usage_only && self.edits.strip_usage {
                 continue;
@@ -434,8 +491,17 @@ impl ObservedStream {
     }
 
     fn on_end(&mut self) {
+        // An event cut by the end of the body (no blank line after it) still counts when it is
+        // whole otherwise (e.g. a final `data: [DONE]\n`); it is sent only if the stream is not
+        // interrupted below, so the terminal error never lands inside half an event.
         let rest = self.scanner.take_rest();
-        if !rest.is_empty() && !self.edits.is_passthrough() {
+        if let Some(payload) = event_data_borrowed(&rest) {
+            let seen = inspect(&payload);
+            if !seen.invalid {
+                self.observe(seen);
+            }
+        }
+        if (self.saw_done || self.saw_error) && !rest.is_empty() {
             self.out.push_back(rest);
         }
         if !self.saw_done {
