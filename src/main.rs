@@ -1,5 +1,7 @@
 //! The `sluice` command: parses flags and wires signals; everything else lives in the library.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 
 use anyhow::Context;

@@ -169,6 +169,9 @@ pub struct ServerSection {
     pub http2_initial_stream_window_size: Option<u64>,
     /// HTTP/2 receive window per connection, in bytes (default 1048576).
     pub http2_initial_connection_window_size: Option<u64>,
+    /// Origins whose browser pages may call the client API (CORS): exact origins such as
+    /// "https://app.example.com", or "*" alone for any. None (the default): no CORS headers.
+    pub cors_allow_origins: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

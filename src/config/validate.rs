@@ -93,6 +93,9 @@ pub struct ServerConfig {
     pub shutdown_delay: Duration,
     /// Connection admission, client-side timeouts and protocol bounds of the client listener.
     pub connections: ConnectionLimits,
+    /// CORS for the client API: empty = off (no `Access-Control-*` headers at all); `["*"]` =
+    /// any origin; otherwise exact origins (`scheme://host[:port]`, lower-case).
+    pub cors_allow_origins: Vec<String>,
 }
 
 /// The client-facing resource bounds of a listener (`[server]`); see `crate::server`.
@@ -641,6 +644,43 @@ fn tls_and_reload(
     (tls, backend_tls, reload)
 }
 
+/// `server.cors_allow_origins`: "*" alone, or origins `http(s)://host[:port]` without a path.
+fn cors_origins(p: &mut Problems, list: Option<&[String]>) -> Vec<String> {
+    let Some(list) = list else {
+        return Vec::new();
+    };
+    if list.iter().any(|o| o == "*") {
+        if list.len() > 1 {
+            p.push(
+                "server.cors_allow_origins",
+                "\"*\" allows every origin and must be the only entry",
+            );
+        }
+        return vec!["*".to_string()];
+    }
+    let mut out = Vec::with_capacity(list.len());
+    for (i, o) in list.iter().enumerate() {
+        let rest = o
+            .strip_prefix("https://")
+            .or_else(|| o.strip_prefix("http://"));
+        let ok = rest.is_some_and(|host| {
+            !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b))
+        });
+        if ok {
+            out.push(o.to_ascii_lowercase());
+        } else {
+            p.push(
+                format!("server.cors_allow_origins[{i}]"),
+                format!("`{o}` is not an origin like \"https://app.example.com\" (scheme, host, optional port; no path) or \"*\""),
+            );
+        }
+    }
+    out
+}
+
 /// Validate a parsed file.
 pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
     let mut p = Problems(Vec::new());
@@ -681,6 +721,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
             Duration::ZERO,
         ),
         connections: connection_limits(&mut p, &f.server),
+        cors_allow_origins: cors_origins(&mut p, f.server.cors_allow_origins.as_deref()),
     };
 
     let admin = f.admin.as_ref().and_then(|a| {
@@ -1051,8 +1092,7 @@ fn bounded(p: &mut Problems, at: &str, n: u64, min: u64, max: u64) -> usize {
 /// `[server]`'s connection admission, client-side timeouts and protocol bounds.
 fn connection_limits(p: &mut Problems, s: &super::file::ServerSection) -> ConnectionLimits {
     let d = ConnectionLimits::default();
-    let num = |p: &mut Problems, at: &str, v: Option<u64>, def: usize, min: u64, max: u64| match v
-    {
+    let num = |p: &mut Problems, at: &str, v: Option<u64>, def: usize, min: u64, max: u64| match v {
         None => def,
         Some(n) => bounded(p, at, n, min, max),
     };
@@ -1098,7 +1138,14 @@ fn connection_limits(p: &mut Problems, s: &super::file::ServerSection) -> Connec
             ConnectionLimits::MIN_HEADER_BYTES as u64,
             16 << 20,
         ),
-        max_headers: num(p, "server.max_headers", s.max_headers, d.max_headers, 1, 10_000),
+        max_headers: num(
+            p,
+            "server.max_headers",
+            s.max_headers,
+            d.max_headers,
+            1,
+            10_000,
+        ),
         http2_max_concurrent_streams: u32::try_from(num(
             p,
             "server.http2_max_concurrent_streams",
@@ -1304,7 +1351,10 @@ hash = "md5:abc"
         )
         .unwrap();
         assert_eq!(ok.server.connections.max_connections_per_ip, 0);
-        assert_eq!(ok.server.connections.body_read_timeout, Duration::from_secs(2));
+        assert_eq!(
+            ok.server.connections.body_read_timeout,
+            Duration::from_secs(2)
+        );
     }
 
     #[test]

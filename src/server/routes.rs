@@ -5,6 +5,12 @@
 //! `/admin/backends`, `/admin/usage`, `/admin/summary`, `/dashboard`. When an admin listener is configured the operations other than
 //! `/healthz` and `/readyz` are served only there. Unknown paths get an OpenAI-shaped 404, a
 //! wrong method a 405.
+//!
+//! Invariants: operations endpoints need the admin token when one is configured, and are
+//! refused outright (403) when they share a non-loopback client listener with no token at all;
+//! CORS is off unless `server.cors_allow_origins` is set (then only the client API answers
+//! preflights and carries `Access-Control-*` headers, for the listed origins only; read from
+//! the live config, so a reload applies).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,9 +41,104 @@ pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz));
     if with_ops {
+        let rt = gw.runtime();
+        if ops_exposed_without_token(&rt.config) {
+            tracing::warn!(
+                listen = %rt.config.server.listen,
+                "operations endpoints (/metrics, /admin, /dashboard) are refused: the client \
+                 listener is not loopback and no [admin] token is configured"
+            );
+        }
         r = r.merge(ops_routes());
     }
+    let r = fallbacks(r).layer(axum::middleware::from_fn_with_state(gw.clone(), cors));
     finish(r, gw)
+}
+
+/// Operations on a client listener reachable beyond this host with no admin token: refused.
+fn ops_exposed_without_token(config: &crate::config::Config) -> bool {
+    config.admin.is_none() && !config.server.listen.ip().is_loopback()
+}
+
+/// Response headers a browser page may read (request id, rate limits, retry hints).
+const CORS_EXPOSE: &str = "x-request-id, retry-after, retry-after-ms, x-ratelimit-limit-requests, \
+    x-ratelimit-remaining-requests, x-ratelimit-reset-requests, x-ratelimit-limit-tokens, \
+    x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens";
+
+/// CORS for the configured origins only. With none configured this layer does nothing: no
+/// `Access-Control-*` header, and a preflight `OPTIONS` gets the router's 405 as any other
+/// unsupported method. A preflight from a listed origin is answered here (204) without
+/// authentication, as browsers send it without credentials; the actual request is then
+/// authenticated as usual. Only `Authorization`-header keys are used, never cookies, so
+/// `Access-Control-Allow-Credentials` is never sent.
+async fn cors(
+    State(gw): State<Arc<Gateway>>,
+    req: Request<Body>,
+    next: axum::middleware::Next,
+) -> Response {
+    use http::HeaderValue;
+    if !req.uri().path().starts_with("/v1/") {
+        return next.run(req).await;
+    }
+    let allowed = {
+        let rt = gw.runtime();
+        let origins = &rt.config.server.cors_allow_origins;
+        match req.headers().get(header::ORIGIN) {
+            _ if origins.is_empty() => None,
+            None => None,
+            Some(o) if origins.iter().any(|a| a == "*") => {
+                Some((HeaderValue::from_static("*"), false)).filter(|_| !o.is_empty())
+            }
+            Some(o) => o
+                .to_str()
+                .ok()
+                .filter(|o| origins.iter().any(|a| a.eq_ignore_ascii_case(o)))
+                .map(|_| (o.clone(), true)),
+        }
+    };
+    let Some((origin, vary)) = allowed else {
+        return next.run(req).await;
+    };
+    let preflight = req.method() == http::Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    if preflight {
+        let mut resp = StatusCode::NO_CONTENT.into_response();
+        let h = resp.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static("GET, POST, OPTIONS"),
+        );
+        // SDKs send many headers of their own (x-stainless-*, openai-*): allow what the
+        // browser asks for; the origin is what is restricted.
+        if let Some(asked) = req.headers().get(header::ACCESS_CONTROL_REQUEST_HEADERS) {
+            h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked.clone());
+        }
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("600"),
+        );
+        h.insert(
+            header::VARY,
+            HeaderValue::from_static(
+                "origin, access-control-request-method, access-control-request-headers",
+            ),
+        );
+        return resp;
+    }
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    h.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static(CORS_EXPOSE),
+    );
+    if vary {
+        h.append(header::VARY, HeaderValue::from_static("origin"));
+    }
+    resp
 }
 
 /// The admin listener's router: operations only.
@@ -46,7 +147,7 @@ pub fn admin(gw: Arc<Gateway>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(ops_routes());
-    finish(r, gw)
+    finish(fallbacks(r), gw)
 }
 
 fn ops_routes() -> Router<Arc<Gateway>> {
@@ -66,10 +167,15 @@ fn ops_routes() -> Router<Arc<Gateway>> {
         .route("/dashboard", get(dashboard))
 }
 
-fn finish(r: Router<Arc<Gateway>>, gw: Arc<Gateway>) -> Router {
+/// OpenAI-shaped answers for unknown paths (404) and wrong methods (405).
+fn fallbacks(r: Router<Arc<Gateway>>) -> Router<Arc<Gateway>> {
     r.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn(super::guard::request_guard))
+}
+
+/// The guards every listener has, outermost: framing, then the request guard.
+fn finish(r: Router<Arc<Gateway>>, gw: Arc<Gateway>) -> Router {
+    r.layer(axum::middleware::from_fn(super::guard::request_guard))
         .layer(axum::middleware::from_fn(framing_guard))
         .with_state(gw)
 }
@@ -181,10 +287,23 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
     }
 }
 
-/// The admin token check: required when one is configured.
+/// The admin token check: required when one is configured. Without a token, operations are
+/// open only where the listener serving them is loopback: an `[admin]` listener off loopback
+/// needs a token (config validation), and so do operations sharing a non-loopback client
+/// listener (refused here with 403).
 fn admin_allowed(gw: &Gateway, headers: &HeaderMap) -> Result<(), Response> {
     let rt = gw.runtime();
     let Some(token) = rt.config.admin.as_ref().and_then(|a| a.token.as_deref()) else {
+        if ops_exposed_without_token(&rt.config) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                "Operations endpoints are disabled on a non-loopback listener without an admin \
+                 token; configure [admin] with a token (or a loopback admin listener).",
+            )
+            .with_code("admin_token_not_configured")
+            .into_response());
+        }
         return Ok(());
     };
     let presented = headers
@@ -252,7 +371,15 @@ async fn admin_summary(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Re
 /// The status page; the admin token may come as a Bearer header or as `?token=`.
 async fn dashboard(State(gw): State<Arc<Gateway>>, headers: HeaderMap, uri: Uri) -> Response {
     if let Err(r) = admin_allowed(&gw, &headers) {
-        if !super::dashboard::query_token_ok(&gw, uri.query()) {
+        // `query_token_ok` is true when no token is configured: only a configured token may
+        // stand in for the header.
+        let has_token = gw
+            .runtime()
+            .config
+            .admin
+            .as_ref()
+            .is_some_and(|a| a.token.is_some());
+        if !has_token || !super::dashboard::query_token_ok(&gw, uri.query()) {
             return r;
         }
     }
