@@ -274,6 +274,27 @@ pub fn from_backend(status: StatusCode, body: &[u8]) -> ApiError {
     err
 }
 
+/// [`from_backend`] with `secret` (the key the gateway sent that backend) cut out of the text
+/// that reaches the client: some servers echo the credential they were given in their errors.
+pub fn from_backend_redacted(status: StatusCode, body: &[u8], secret: Option<&str>) -> ApiError {
+    let mut err = from_backend(status, body);
+    if let Some(secret) = secret.filter(|s| !s.is_empty()) {
+        let cut = |s: &mut String| {
+            if s.contains(secret) {
+                *s = s.replace(secret, "[redacted]");
+            }
+        };
+        cut(&mut err.message);
+        for field in [&mut err.param, &mut err.code].into_iter().flatten() {
+            cut(field);
+        }
+        if err.kind.contains(secret) {
+            err.kind = Cow::Owned(err.kind.replace(secret, "[redacted]"));
+        }
+    }
+    err
+}
+
 fn default_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
         401 => "authentication_error",
@@ -311,6 +332,18 @@ fn truncate(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backend_key_echoed_in_an_error_is_redacted() {
+        let body = br#"{"error":{"message":"Incorrect API key provided: Bearer be-1","param":"be-1","code":"k"}}"#;
+        let e = from_backend_redacted(StatusCode::UNAUTHORIZED, body, Some("be-1"));
+        assert_eq!(e.message, "Incorrect API key provided: Bearer [redacted]");
+        assert_eq!(e.param.as_deref(), Some("[redacted]"));
+        let e = from_backend_redacted(StatusCode::UNAUTHORIZED, b"bad key be-1", Some("be-1"));
+        assert_eq!(e.message, "bad key [redacted]");
+        let e = from_backend_redacted(StatusCode::UNAUTHORIZED, b"bad key be-1", None);
+        assert_eq!(e.message, "bad key be-1");
+    }
 
     #[test]
     fn openai_shape_is_kept() {

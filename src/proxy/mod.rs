@@ -37,7 +37,7 @@ use crate::config::BackendKind;
 use crate::fleet::LoadGuard;
 use crate::gateway::{Gateway, Runtime};
 use crate::openai::edit::{self, Splice};
-use crate::openai::error::{from_backend, insert_retry_after};
+use crate::openai::error::{from_backend_redacted, insert_retry_after};
 use crate::openai::{request, ApiError, Endpoint};
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
@@ -297,7 +297,11 @@ async fn proxy(
             )
             .await
             .unwrap_or_default();
-            last_failure = Some(from_backend(status, &err_body));
+            last_failure = Some(from_backend_redacted(
+                status,
+                &err_body,
+                backend.config.api_key.as_deref(),
+            ));
             tracing::info!(request_id = %record.request_id, backend = backend.name(), status = status.as_u16(), "backend busy or failing; trying another");
             continue;
         }
@@ -317,7 +321,9 @@ async fn proxy(
             let err_body = read_capped(upstream, MAX_ERROR_BODY, timeouts.idle, body_deadline)
                 .await
                 .unwrap_or_default();
-            let mut response = from_backend(status, &err_body).into_response();
+            let mut response =
+                from_backend_redacted(status, &err_body, backend.config.api_key.as_deref())
+                    .into_response();
             if let Some(after) = retry_after(&parts.headers) {
                 insert_retry_after(response.headers_mut(), after);
             }

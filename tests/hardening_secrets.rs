@@ -1,0 +1,785 @@
+//! Secrets never leave the gateway, on every surface of the real binary.
+//!
+//! `tenants_secrets.rs` covers the access log of the in-process paths (a key and a prompt at
+//! trace level, one near-miss) and the equal treatment of wrong and unknown keys. This test
+//! runs `sluice serve` with every kind of secret the config holds — client API keys, the
+//! admin token, backend API keys (one through `${ENV}`), a registered backend's key, a Redis
+//! URL password, and a rotated admin token after a reload — and drives the whole surface:
+//! good requests (JSON and SSE), wrong keys and near-misses of real ones, a backend that fails
+//! and one that refuses the gateway's key (both echo the key they were sent, as some servers
+//! do), `/metrics`, `/admin/*`, `/dashboard`, registration, a reload (applied and rejected)
+//! and `sluice check` on good and broken configs. Then no secret — nor its base64 — may
+//! appear in the logs (debug level), a response header, a response body or `check`'s output,
+//! and no client key or admin token may reach a backend.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Standard or URL-safe base64, padded or not.
+fn base64(data: &[u8], url_safe: bool, pad: bool) -> String {
+    let alphabet: &[u8; 64] = if url_safe {
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    } else {
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    };
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..=chunk.len() {
+            out.push(alphabet[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+        if pad {
+            for _ in chunk.len()..3 {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The strings whose presence means a secret leaked: the secret, its random part when it has
+/// the `sk-sluice-` prefix, and its base64 forms (as in a Basic header).
+fn forms(secret: &str) -> Vec<String> {
+    let mut v = vec![secret.to_string()];
+    if let Some(tail) = secret.strip_prefix("sk-sluice-") {
+        v.push(tail.to_string());
+    }
+    for s in [secret.to_string(), format!(":{secret}")] {
+        for (url, pad) in [(false, true), (false, false), (true, false)] {
+            v.push(base64(s.as_bytes(), url, pad));
+        }
+    }
+    v
+}
+
+/// What the test backend saw.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<Vec<String>>>);
+
+/// An OpenAI-compatible backend that requires `Authorization: Bearer <key>` and, like some
+/// real servers, echoes the credential it was sent in its error messages. `/ping` is its
+/// unauthenticated health path. A prompt containing `please-fail` gets a 500.
+async fn keyed_backend(key: &'static str, seen: Seen) -> String {
+    use axum::extract::Request;
+    use axum::response::IntoResponse;
+    let handler = move |req: Request| {
+        let seen = seen.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = http_body_util::BodyExt::collect(body)
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            let auth = parts
+                .headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            seen.0.lock().unwrap().push(format!(
+                "{} {:?} {}",
+                parts.uri,
+                parts.headers,
+                String::from_utf8_lossy(&body)
+            ));
+            let json = |status: u16, v: serde_json::Value| {
+                (
+                    http::StatusCode::from_u16(status).unwrap(),
+                    [("content-type", "application/json")],
+                    v.to_string(),
+                )
+                    .into_response()
+            };
+            if parts.uri.path() == "/ping" {
+                return json(200, serde_json::json!({"ok": true}));
+            }
+            if auth != format!("Bearer {key}") {
+                return json(
+                    401,
+                    serde_json::json!({"error": {
+                        "message": format!("Incorrect API key provided: {auth}"),
+                        "type": "invalid_request_error", "param": auth, "code": "invalid_api_key"}}),
+                );
+            }
+            if parts.uri.path() == "/v1/models" {
+                return json(
+                    200,
+                    serde_json::json!({"object": "list", "data": [{"id": "m", "object": "model"}]}),
+                );
+            }
+            let req: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            if req.to_string().contains("please-fail") {
+                return json(
+                    500,
+                    serde_json::json!({"error": {
+                        "message": format!("worker crashed serving a request authorised by {auth}"),
+                        "type": "server_error", "param": null, "code": null}}),
+                );
+            }
+            let model = req["model"].as_str().unwrap_or("m").to_string();
+            if req["stream"] == serde_json::Value::Bool(true) {
+                let mut sse = String::new();
+                for (i, word) in ["Hello", " there"].iter().enumerate() {
+                    sse.push_str(&format!(
+                        "data: {}\n\n",
+                        serde_json::json!({"id": "c1", "object": "chat.completion.chunk",
+                            "created": 1, "model": model, "choices": [{"index": 0,
+                            "delta": {"content": word}, "finish_reason": if i == 1 { Some("stop") } else { None }}]})
+                    ));
+                }
+                sse.push_str(&format!(
+                    "data: {}\n\ndata: [DONE]\n\n",
+                    serde_json::json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                        "model": model, "choices": [],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+                ));
+                return (
+                    http::StatusCode::OK,
+                    [("content-type", "text/event-stream")],
+                    sse,
+                )
+                    .into_response();
+            }
+            json(
+                200,
+                serde_json::json!({"id": "c1", "object": "chat.completion", "created": 1,
+                    "model": model, "choices": [{"index": 0, "message": {"role": "assistant",
+                    "content": "Hello there"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+            )
+        }
+    };
+    let app = axum::Router::new().fallback(handler);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
+/// Every response, as text: status line, headers, body.
+#[derive(Default)]
+struct Transcript(Vec<(String, String)>);
+
+impl Transcript {
+    async fn record(&mut self, what: &str, resp: reqwest::Response) -> (u16, String) {
+        let status = resp.status().as_u16();
+        let mut text = format!("{status}\n");
+        for (k, v) in resp.headers() {
+            text.push_str(&format!("{k}: {}\n", String::from_utf8_lossy(v.as_bytes())));
+        }
+        let body = resp.text().await.unwrap_or_default();
+        text.push('\n');
+        text.push_str(&body);
+        self.0.push((what.to_string(), text));
+        (status, body)
+    }
+}
+
+struct Gateway {
+    child: Child,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sluice(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+/// Write the file in one step (a reload never sees half of it).
+fn write_atomically(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_on_any_surface_of_the_binary() {
+    let (alice, alice_hash) = sluice::auth::mint();
+    let (bob, bob_hash) = sluice::auth::mint();
+    let admin_token = "adm-7f3c91e0b2d84a6f9c15e2a7d04b8e31";
+    let admin_token_2 = "adm-rotated-5d2e8c1f7a9b4036e1c2d3f4a5b6c7d8";
+    const BACKEND_KEY: &str = "be-key-c4f1a9e27d3b40f58e6a1c9d2b7f3e05";
+    const WRONG_BACKEND_KEY: &str = "be-stale-91ab3e5f7c2d4a60b8e1f3c5d7a9b2e4";
+    const REGISTERED_KEY: &str = "be-registered-0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b";
+    let redis_password = "rds-pw-2b4d6f8a0c1e3a5c7e9b1d3f5a7c9e0b";
+
+    let seen = Seen::default();
+    let good = keyed_backend(BACKEND_KEY, seen.clone()).await;
+    let registered = keyed_backend(REGISTERED_KEY, seen.clone()).await;
+    let dead_redis = free_port();
+    let port = free_port();
+    let admin_port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.toml");
+    let config = |token: &str| {
+        format!(
+            r#"[server]
+listen = "127.0.0.1:{port}"
+
+[admin]
+listen = "127.0.0.1:{admin_port}"
+token = "{token}"
+
+[limits]
+redis_url = "redis://:{redis_password}@127.0.0.1:{dead_redis}/0"
+fail_open = true
+
+[health]
+interval = "50ms"
+timeout = "500ms"
+healthy_threshold = 1
+unhealthy_threshold = 1
+eject_after_failures = 100
+
+[[backends]]
+name = "good"
+kind = "openai"
+url = "{good}"
+models = ["m"]
+api_key = "${{SLUICE_TEST_BACKEND_KEY}}"
+health_path = "/ping"
+
+[[backends]]
+name = "stale"
+kind = "openai"
+url = "{good}"
+models = ["m2"]
+api_key = "{WRONG_BACKEND_KEY}"
+health_path = "/ping"
+
+[[keys]]
+name = "alice"
+hash = "{alice_hash}"
+requests_per_minute = 1000
+
+[[keys]]
+name = "bob"
+hash = "{bob_hash}"
+"#
+        )
+    };
+    write_atomically(&path, &config(admin_token));
+    let env = [
+        ("SLUICE_TEST_BACKEND_KEY", BACKEND_KEY),
+        ("SLUICE_LOG", "debug"),
+    ];
+    let child = sluice(&["serve", "--config"], &env)
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let mut gw = Gateway { child };
+    let c = common::client();
+    let api = |p: &str| format!("http://127.0.0.1:{port}{p}");
+    let adm = |p: &str| format!("http://127.0.0.1:{admin_port}{p}");
+    let mut t = Transcript::default();
+
+    // Ready: both configured backends probed healthy (their health path needs no key).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = c
+            .get(adm("/admin/backends"))
+            .bearer_auth(admin_token)
+            .send()
+            .await
+        {
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            let healthy = v["backends"]
+                .as_array()
+                .map(|b| b.iter().filter(|b| b["state"] == "healthy").count())
+                .unwrap_or(0);
+            if healthy == 2 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "gateway not ready in time");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let chat = |model: &str, stream: bool, prompt: &str| {
+        serde_json::json!({"model": model, "stream": stream, "max_tokens": 5,
+            "messages": [{"role": "user", "content": prompt}]})
+    };
+    let completions = api("/v1/chat/completions");
+
+    // Good requests: JSON with a Bearer key, SSE with x-api-key, the model list.
+    let (s, _) = t
+        .record(
+            "alice chat",
+            c.post(&completions)
+                .bearer_auth(&alice)
+                .json(&chat("m", false, "hi"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (s, body) = t
+        .record(
+            "bob stream",
+            c.post(&completions)
+                .header("x-api-key", &bob)
+                .json(&chat("m", true, "hi"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert!(body.contains("[DONE]"), "{body}");
+    for p in ["/v1/models", "/v1/models/m"] {
+        let (s, _) = t
+            .record(p, c.get(api(p)).bearer_auth(&alice).send().await.unwrap())
+            .await;
+        assert_eq!(s, 200, "{p}");
+    }
+
+    // Wrong keys: nothing, garbage, near-misses of real keys and of the admin token, in every
+    // place a key may be presented.
+    let flip = |s: &str, at: usize| {
+        let mut b = s.as_bytes().to_vec();
+        b[at] = if b[at] == b'a' { b'b' } else { b'a' };
+        String::from_utf8(b).unwrap()
+    };
+    let near_misses = vec![
+        flip(&alice, alice.len() - 1),
+        flip(&alice, "sk-sluice-".len()),
+        alice[..alice.len() - 1].to_string(),
+        format!("{alice}x"),
+        alice.to_uppercase(),
+        format!("{}{}", &bob[..20], &bob[21..]),
+        flip(&bob, bob.len() / 2),
+        admin_token.to_string(),
+        BACKEND_KEY.to_string(),
+    ];
+    for k in &near_misses {
+        let (s, _) = t
+            .record(
+                "near-miss bearer",
+                c.post(&completions)
+                    .bearer_auth(k)
+                    .json(&chat("m", false, "hi"))
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(s, 401, "a near-miss was accepted: {k:?}");
+        let (s, _) = t
+            .record(
+                "near-miss x-api-key",
+                c.post(&completions)
+                    .header("x-api-key", k)
+                    .json(&chat("m", true, "hi"))
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(s, 401);
+        let basic = format!("Basic {}", base64(format!(":{k}").as_bytes(), false, true));
+        let (s, _) = t
+            .record(
+                "near-miss basic",
+                c.get(api("/v1/models"))
+                    .header("authorization", basic)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(s, 401);
+    }
+    let (s, _) = t
+        .record(
+            "no key",
+            c.post(&completions)
+                .json(&chat("m", false, "hi"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, 401);
+    let admin_misses = [
+        flip(admin_token, admin_token.len() - 1),
+        admin_token[..admin_token.len() - 1].to_string(),
+        alice.clone(),
+    ];
+    for k in &admin_misses {
+        for p in ["/metrics", "/admin/backends", "/admin/usage", "/dashboard"] {
+            let (s, _) = t
+                .record(
+                    "admin near-miss",
+                    c.get(adm(p)).bearer_auth(k).send().await.unwrap(),
+                )
+                .await;
+            assert_eq!(s, 401, "{p} with a near-miss admin token");
+        }
+        let (s, _) = t
+            .record(
+                "dashboard ?token= near-miss",
+                c.get(adm("/dashboard"))
+                    .query(&[("token", k)])
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(s, 401);
+    }
+
+    // Backend failures that echo the key the gateway sent: a 500, and a backend that refuses
+    // the gateway's (stale) key with a 401.
+    let (s, body) = t
+        .record(
+            "backend 500",
+            c.post(&completions)
+                .bearer_auth(&alice)
+                .json(&chat("m", false, "please-fail"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert!(s >= 500, "{s} {body}");
+    let (s, body) = t
+        .record(
+            "backend 500 stream",
+            c.post(&completions)
+                .bearer_auth(&bob)
+                .json(&chat("m", true, "please-fail"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert!(s >= 500, "{s} {body}");
+    let (s, body) = t
+        .record(
+            "stale backend key",
+            c.post(&completions)
+                .bearer_auth(&alice)
+                .json(&chat("m2", false, "hi"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, 401, "{body}");
+
+    // Registration of a backend with its own key, then the admin views and the dashboard.
+    let (s, body) = t
+        .record(
+            "register",
+            c.post(adm("/admin/backends"))
+                .bearer_auth(admin_token)
+                .json(&serde_json::json!({"name": "reg", "kind": "openai", "url": registered,
+                    "models": ["m3"], "api_key": REGISTERED_KEY, "health_path": "/ping", "ttl": "60s"}))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, 201, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = c
+            .post(&completions)
+            .bearer_auth(&bob)
+            .json(&chat("m3", false, "hi"))
+            .send()
+            .await
+            .unwrap();
+        let (s, _) = t.record("registered chat", r).await;
+        if s == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "registered backend never served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (s, _) = t
+        .record(
+            "heartbeat",
+            c.post(adm("/admin/backends/reg/heartbeat"))
+                .bearer_auth(admin_token)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let admin_pages = [
+        "/metrics",
+        "/admin/backends",
+        "/admin/usage",
+        "/admin/summary",
+        "/dashboard",
+        "/healthz",
+        "/readyz",
+    ];
+    for p in admin_pages {
+        let (s, _) = t
+            .record(
+                p,
+                c.get(adm(p)).bearer_auth(admin_token).send().await.unwrap(),
+            )
+            .await;
+        assert_eq!(s, 200, "{p}");
+    }
+    let (s, _) = t
+        .record(
+            "dashboard ?token=",
+            c.get(adm("/dashboard"))
+                .query(&[("token", admin_token)])
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (s, _) = t
+        .record(
+            "deregister",
+            c.delete(adm("/admin/backends/reg"))
+                .bearer_auth(admin_token)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, 204);
+    for p in ["/nowhere", "/v1/nowhere", "/metrics", "/admin/backends"] {
+        t.record(
+            "client listener",
+            c.get(api(p)).bearer_auth(&alice).send().await.unwrap(),
+        )
+        .await;
+    }
+
+    // A rejected reload (the broken file holds the secrets too), then an applied one that
+    // rotates the admin token.
+    let broken = config(admin_token_2).replace("kind = \"openai\"", "kind = \"opneai\"")
+        + &format!("\n[oops]\nsecret = \"{admin_token_2}\"\n");
+    write_atomically(&path, &broken);
+    assert!(Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    write_atomically(&path, &config(admin_token_2));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success());
+        let r = c
+            .get(adm("/admin/backends"))
+            .bearer_auth(admin_token_2)
+            .send()
+            .await
+            .unwrap();
+        let (s, _) = t.record("after reload", r).await;
+        if s == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "rotated admin token never took");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for p in admin_pages {
+        t.record(
+            p,
+            c.get(adm(p))
+                .bearer_auth(admin_token_2)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    }
+    let (s, _) = t
+        .record(
+            "old admin token after rotation",
+            c.get(adm("/metrics"))
+                .bearer_auth(admin_token)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, 401);
+    let (s, _) = t
+        .record(
+            "alice after reload",
+            c.post(&completions)
+                .bearer_auth(&alice)
+                .json(&chat("m", false, "hi"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, 200);
+
+    // `sluice check` on the good config and on a broken one.
+    let mut outputs: Vec<(String, String)> = Vec::new();
+    let bad_path = dir.path().join("broken.toml");
+    std::fs::write(
+        &bad_path,
+        config(admin_token)
+            .replace("redis://", "rediss+bad://")
+            .replace("hash = \"sha256:", "hash = \"sha257:")
+            .replace("kind = \"openai\"", "kind = \"opneai\"")
+            .replace("[[keys]]\nname = \"bob\"", "[[keys]]\nname = \"alice\""),
+    )
+    .unwrap();
+    for (what, p, ok) in [
+        ("check good", &path, true),
+        ("check broken", &bad_path, false),
+    ] {
+        let out = sluice(&["check", "--config"], &env)
+            .arg(p)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.success(), ok, "{what}: {out:?}");
+        outputs.push((
+            what.to_string(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ));
+    }
+    let broken_check = &outputs[1].1;
+    assert!(
+        broken_check.contains("redis_url") && broken_check.contains("kind"),
+        "the broken config's problems are reported: {broken_check}"
+    );
+
+    // Stop (SIGTERM: the graceful path logs too) and collect the logs.
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gw.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "gateway did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut logs = String::new();
+    gw.child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .unwrap();
+    gw.child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .unwrap();
+    assert!(
+        logs.contains("DEBUG") && logs.contains("request"),
+        "no debug access log captured: {logs}"
+    );
+    assert!(logs.contains("reload"), "reloads not logged: {logs}");
+    assert!(
+        logs.contains("shared limits"),
+        "the Redis URL was never used: {logs}"
+    );
+
+    // The secrets were really used: the backends saw the gateway's keys (never a client's).
+    let seen = seen.0.lock().unwrap().join("\n");
+    assert!(seen.contains(BACKEND_KEY) && seen.contains(WRONG_BACKEND_KEY));
+    assert!(seen.contains(REGISTERED_KEY));
+
+    let mut secrets: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    secrets.insert("alice's key", forms(&alice));
+    secrets.insert("bob's key", forms(&bob));
+    secrets.insert("admin token", forms(admin_token));
+    secrets.insert("rotated admin token", forms(admin_token_2));
+    secrets.insert("backend key", forms(BACKEND_KEY));
+    secrets.insert("stale backend key", forms(WRONG_BACKEND_KEY));
+    secrets.insert("registered backend key", forms(REGISTERED_KEY));
+    secrets.insert("redis password", forms(redis_password));
+    for (i, k) in near_misses.iter().chain(&admin_misses).enumerate() {
+        let label: &'static str = Box::leak(format!("near-miss #{i}").into_boxed_str());
+        secrets.insert(label, forms(k));
+    }
+
+    let mut surfaces: Vec<(String, String)> = vec![("logs".into(), logs)];
+    surfaces.extend(t.0);
+    surfaces.extend(outputs);
+    let mut leaks = Vec::new();
+    for (surface, text) in &surfaces {
+        for (label, forms) in &secrets {
+            if let Some(f) = forms.iter().find(|f| text.contains(f.as_str())) {
+                let at = text.find(f.as_str()).unwrap_or(0);
+                let from = text[..at]
+                    .char_indices()
+                    .rev()
+                    .nth(80)
+                    .map_or(0, |(i, _)| i);
+                let to = (at + f.len() + 40).min(text.len());
+                let to = (to..=text.len())
+                    .find(|i| text.is_char_boundary(*i))
+                    .unwrap_or(text.len());
+                leaks.push(format!("{label} in {surface}: …{}…", &text[from..to]));
+            }
+        }
+    }
+    assert!(leaks.is_empty(), "secrets leaked:\n{}", leaks.join("\n"));
+
+    let client_secrets = [
+        "alice's key",
+        "bob's key",
+        "admin token",
+        "rotated admin token",
+    ];
+    for label in client_secrets {
+        assert!(
+            !secrets[label].iter().any(|f| seen.contains(f.as_str())),
+            "{label} reached a backend"
+        );
+    }
+}
