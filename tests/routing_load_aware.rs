@@ -124,3 +124,81 @@ async fn a_warm_ollama_node_is_preferred_over_a_cold_one() {
     }
     gw.stop().await;
 }
+
+/// Work the gateway did not send (other clients, another gateway replica) shows only in the
+/// engine's own queue: token-aware reads `vllm:num_requests_waiting` and keeps new requests
+/// off the backend whose queue is deep. Without that signal the two backends look identical
+/// to the gateway (nothing in flight through it), so a tie-break decides; both listing orders
+/// are tried, so whichever way ties break, one of them would send requests to the busy engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_aware_avoids_an_engine_with_a_deep_queue_it_did_not_cause() {
+    let one_at_a_time = || Timing {
+        max_num_seqs: 1,
+        ..timing(20)
+    };
+    let busy = sim_with(
+        SimConfig::new(SimKind::Vllm, vec!["m".into()])
+            .timing(one_at_a_time())
+            .output_tokens(500, 500),
+    )
+    .await;
+    let idle = sim_with(
+        SimConfig::new(SimKind::Vllm, vec!["m".into()])
+            .timing(one_at_a_time())
+            .output_tokens(500, 500),
+    )
+    .await;
+    // Four long requests straight to the busy engine: one runs, three wait in its queue.
+    let direct: Vec<_> = (0..4)
+        .map(|_| {
+            let url = format!("{}/v1/chat/completions", busy.url());
+            tokio::spawn(async move {
+                let _ = client()
+                    .post(url)
+                    .json(&chat_body("m", false, 500))
+                    .send()
+                    .await;
+            })
+        })
+        .collect();
+
+    let (b, i) = (
+        backend("busy", "vllm", &busy.url(), &["m"]),
+        backend("idle", "vllm", &idle.url(), &["m"]),
+    );
+    for order in [format!("{b}{i}"), format!("{i}{b}")] {
+        let toml = format!(
+            "[routing]\npolicy = \"token-aware\"\nexpose_backend_header = true\n{FAST_HEALTH}\
+             signals_interval = \"100ms\"\n{order}"
+        );
+        let gw = TestGateway::start_healthy(&toml).await;
+        eventually(
+            Duration::from_secs(10),
+            "the gateway sees the busy queue",
+            || async {
+                let admin: serde_json::Value = client()
+                    .get(gw.url("/admin/backends"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                admin["backends"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|b| b["name"] == "busy" && b["engine_waiting"].as_u64().unwrap_or(0) >= 2)
+            },
+        )
+        .await;
+        let short = chat_body("m", false, 2);
+        for n in 0..8 {
+            assert_eq!(served_by(&gw, &short).await, "idle", "request {n}");
+        }
+        gw.stop().await;
+    }
+    for d in direct {
+        d.abort();
+    }
+}
