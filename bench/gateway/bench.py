@@ -300,6 +300,53 @@ async def hold_streams(port, headers, n, rss_pid):
     return {"streams": n, "held": len(conns), "errors": errors, "rss_mb": round(peak, 1)}
 
 
+def latency_chart_svg(sweep, path):
+    """Latency against offered load, one colour per target: p99 solid, p50 dashed (log scale)."""
+    import math
+    colours = {"direct": "#444444", "nginx": "#2b8a3e", "sluice-bare": "#1c7ed6", "sluice": "#e8590c"}
+    w, h, left, right, top, bottom = 720, 420, 70, 150, 30, 50
+    pts = [(r, v) for series in sweep.values() for r, p50, p99 in series for v in (p50, p99) if v == v and v > 0]
+    if not pts:
+        return
+    xmax = max(r for r, _ in pts) * 1.05
+    ylo = 10 ** math.floor(math.log10(min(v for _, v in pts)))
+    yhi = 10 ** math.ceil(math.log10(max(v for _, v in pts)))
+
+    def x(r):
+        return left + (w - left - right) * r / xmax
+
+    def y(v):
+        return top + (h - top - bottom) * (1 - (math.log10(v) - math.log10(ylo)) / (math.log10(yhi) - math.log10(ylo)))
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{left}" y="18" font-size="14">Latency against offered load (p99 solid, p50 dashed)</text>']
+    decade = ylo
+    while decade <= yhi * 1.0001:
+        out.append(f'<line x1="{left}" x2="{w - right}" y1="{y(decade):.1f}" y2="{y(decade):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 6}" y="{y(decade) + 4:.1f}" text-anchor="end">{decade:g} ms</text>')
+        decade *= 10
+    for i in range(6):
+        r = xmax * i / 5
+        out.append(f'<text x="{x(r):.1f}" y="{h - bottom + 18}" text-anchor="middle">{r:.0f}</text>')
+    out.append(f'<text x="{(left + w - right) / 2}" y="{h - 10}" text-anchor="middle">offered load (requests/s)</text>')
+    out.append(f'<line x1="{left}" x2="{w - right}" y1="{h - bottom}" y2="{h - bottom}" stroke="black"/>')
+    out.append(f'<line x1="{left}" x2="{left}" y1="{top}" y2="{h - bottom}" stroke="black"/>')
+    for i, (name, series) in enumerate(sweep.items()):
+        c = colours.get(name, "#862e9c")
+        for idx, dash in ((2, ""), (1, ' stroke-dasharray="5,4"')):
+            line = [(x(p[0]), y(p[idx])) for p in series if p[idx] == p[idx] and p[idx] > 0]
+            if line:
+                d = " ".join(f"{a:.1f},{b:.1f}" for a, b in line)
+                out.append(f'<polyline points="{d}" fill="none" stroke="{c}" stroke-width="2"{dash}/>')
+        ly = top + 20 + 20 * i
+        out.append(f'<line x1="{w - right + 15}" x2="{w - right + 40}" y1="{ly}" y2="{ly}" stroke="{c}" stroke-width="2"/>')
+        out.append(f'<text x="{w - right + 46}" y="{ly + 4}">{name}</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
 def pct(values, q):
     if not values:
         return float("nan")
@@ -380,6 +427,19 @@ def main():
             mod[name] = hey(f"http://127.0.0.1:{port}/v1/chat/completions", secs * 2, rate, small, hdr)
         results["moderate_rate"] = mod
 
+        # Latency against load: fixed rates from 10% to 90% of direct saturation, the 30% point
+        # being the moderate-rate run above.
+        fractions = [0.1, 0.3] if args.smoke else [0.1, 0.3, 0.5, 0.7, 0.9]
+        sweep = {}
+        for frac in fractions:
+            frate = max(50, int(frac * results["saturation"]["direct"]["rps"]))
+            for name, (port, hdr, _) in targets.items():
+                m = mod[name] if frac == 0.3 else hey(
+                    f"http://127.0.0.1:{port}/v1/chat/completions", secs * 2, frate, small, hdr)
+                sweep.setdefault(name, []).append((frate, m["p50_ms"], m["p99_ms"]))
+        results["latency_vs_load"] = {n: [{"rate": r, "p50_ms": a, "p99_ms": b} for r, a, b in v]
+                                      for n, v in sweep.items()}
+
         # Streaming fidelity: a separate sim whose decode step is 10 ms.
         sp = sim(procs, binary, ["--speed", "1", "--decode-base-us", "10000", "--decode-per-seq-us", "0",
                                  "--prefill-us-per-token", "1", "--min-output-tokens", "1000", "--max-output-tokens", "2000"])
@@ -432,6 +492,9 @@ def main():
     name = "gateway-smoke.json" if args.smoke else f"gateway-{time.strftime('%Y%m%d-%H%M%S')}.json"
     with open(os.path.join(out_dir, name), "w") as f:
         json.dump(results, f, indent=1)
+    chart = "gateway-smoke.svg" if args.smoke else "gateway-latency-vs-load.svg"
+    latency_chart_svg({n: [(p["rate"], p["p50_ms"], p["p99_ms"]) for p in v]
+                       for n, v in results["latency_vs_load"].items()}, os.path.join(out_dir, chart))
     total_errors = sum(v["errors"] for v in sat.values()) + results["concurrent_streams"]["errors"]
     if args.smoke and total_errors:
         sys.exit(f"smoke run saw {total_errors} errors")
