@@ -262,7 +262,7 @@ fn inspect(data: &[u8]) -> Seen {
         Ok(c) => c,
         Err(e) => {
             return Seen {
-                invalid: !e.is_data(),
+                invalid: !is_json(data, &e),
                 ..Seen::default()
             }
         }
@@ -283,6 +283,13 @@ fn inspect(data: &[u8]) -> Seen {
         });
     }
     seen
+}
+
+/// Whether `data`, which failed to read as a chunk with `e`, is JSON all the same. A data error
+/// (a wrong type) stops serde before the rest is read, so the rest is checked: found by
+/// fuzzing, `{"choices":0` followed by garbage was taken for JSON of another shape.
+fn is_json(data: &[u8], e: &serde_json::Error) -> bool {
+    e.is_data() && serde_json::from_slice::<serde::de::IgnoredAny>(data).is_ok()
 }
 
 /// Apply `edits` to one JSON object (a chunk or a whole response).
@@ -332,7 +339,7 @@ pub fn usage_of(json: &[u8]) -> Option<Usage> {
 pub fn whole_usage(json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
     match serde_json::from_slice::<ChunkLite<'_>>(json) {
         Ok(c) => Ok(c.usage),
-        Err(e) if e.is_data() => Ok(None),
+        Err(e) if is_json(json, &e) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -343,9 +350,10 @@ enum Phase {
     Done,
 }
 
-/// A streamed backend response on its way to the client.
-pub struct ObservedStream {
-    upstream: Incoming,
+/// A streamed backend response on its way to the client (`B`: the backend's body; generic so
+/// the observer can be driven without a connection).
+pub struct ObservedStream<B = Incoming> {
+    upstream: B,
     scanner: SseScanner,
     edits: Edits,
     idle: Duration,
@@ -361,9 +369,9 @@ pub struct ObservedStream {
     settle: Settle,
 }
 
-impl ObservedStream {
+impl<B> ObservedStream<B> {
     pub fn new(
-        upstream: Incoming,
+        upstream: B,
         edits: Edits,
         idle: Duration,
         backend: Arc<Backend>,
@@ -494,15 +502,20 @@ impl ObservedStream {
         // An event cut by the end of the body (no blank line after it) still counts when it is
         // whole otherwise (e.g. a final `data: [DONE]\n`); it is sent only if the stream is not
         // interrupted below, so the terminal error never lands inside half an event.
+        // A cut event is ended with a blank line when sent, so the `[DONE]` below does not
+        // become part of its data; one whose data is not JSON is not sent at all.
         let rest = self.scanner.take_rest();
+        let mut rest_invalid = false;
         if let Some(payload) = event_data_borrowed(&rest) {
             let seen = inspect(&payload);
+            rest_invalid = seen.invalid;
             if !seen.invalid {
                 self.observe(seen);
             }
         }
-        if (self.saw_done || self.saw_error) && !rest.is_empty() {
+        if (self.saw_done || self.saw_error) && !rest.is_empty() && !rest_invalid {
             self.out.push_back(rest);
+            self.out.push_back(Bytes::from_static(b"\n\n"));
         }
         if !self.saw_done {
             if self.saw_error {
@@ -545,7 +558,11 @@ impl ObservedStream {
     }
 }
 
-impl Body for ObservedStream {
+impl<B> Body for ObservedStream<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
     type Data = Bytes;
     type Error = Infallible;
 
@@ -619,6 +636,46 @@ mod tests {
             inspect(br#"{"error":{"message":"Model is overloaded","http_status_code":422}}"#).error
         );
         assert!(inspect(br#"{"choices":[{"text":" sh","index":0}]}"#).text);
+        // A wrong type early, then garbage: not JSON (found by fuzzing).
+        assert!(inspect(b"{\"choices\":0 \x82garbage").invalid);
+        assert!(!inspect(br#"{"choices":0}"#).invalid);
+        assert!(whole_usage(b"{\"usage\":5 garbage").is_err());
+        assert_eq!(whole_usage(br#"{"usage":5}"#).ok(), Some(None));
+    }
+
+    /// Found by fuzzing (fuzz/, target sse_observer): an error event cut by the end of the
+    /// body was sent without its blank line, so the `[DONE]` after it joined its data.
+    #[tokio::test]
+    async fn cut_last_event_is_terminated_before_done() {
+        use http_body_util::BodyExt;
+        let config = crate::config::from_str(
+            "[[backends]]\nname = \"b\"\nkind = \"vllm\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n",
+            "t",
+        )
+        .unwrap();
+        let backend = Arc::new(Backend::new(
+            config.backends[0].clone(),
+            Arc::new(crate::fleet::BackendState::new()),
+        ));
+        let run = |body: &'static [u8]| {
+            let stream = ObservedStream::new(
+                http_body_util::Full::new(Bytes::from_static(body)),
+                Edits::default(),
+                Duration::from_secs(60),
+                backend.clone(),
+                config.health.clone(),
+                Settle::new(AccessRecord::new("r".into(), "chat", Instant::now())),
+            );
+            async move { stream.collect().await.unwrap().to_bytes() }
+        };
+        let out = run(b"data: {\"error\":{\"message\":\"overloaded\"}}").await;
+        assert_eq!(
+            &out[..],
+            b"data: {\"error\":{\"message\":\"overloaded\"}}\n\ndata: [DONE]\n\n"
+        );
+        // A cut tail that is not JSON is not sent after [DONE].
+        let out = run(b"data: [DONE]\n\ndata: {\"cho").await;
+        assert_eq!(&out[..], b"data: [DONE]\n\n");
     }
 
     #[test]
