@@ -488,8 +488,12 @@ impl<B> ObservedStream<B> {
             }
             let edited = edit_json(&payload, &self.edits)
                 .unwrap_or_else(|| Bytes::copy_from_slice(&payload));
-            batch.extend_from_slice(b"data: ");
-            batch.extend_from_slice(&edited);
+            // One `data:` line per line of the payload: data sent on several lines (valid JSON
+            // with line breaks as whitespace) must not lose its later lines (found by fuzzing).
+            for (i, line) in edited.split(|b| *b == b'\n' || *b == b'\r').enumerate() {
+                batch.extend_from_slice(if i == 0 { b"data: " } else { b"\ndata: " });
+                batch.extend_from_slice(line);
+            }
             batch.extend_from_slice(b"\n\n");
         }
         self.scanner.mark_scanned();
@@ -676,6 +680,25 @@ mod tests {
         // A cut tail that is not JSON is not sent after [DONE].
         let out = run(b"data: [DONE]\n\ndata: {\"cho").await;
         assert_eq!(&out[..], b"data: [DONE]\n\n");
+        // Edited, data on two lines: both stay data lines (found by fuzzing).
+        let stream = ObservedStream::new(
+            http_body_util::Full::new(Bytes::from_static(
+                b"data: {\"usage\":\ndata: null}\n\ndata: [DONE]\n\n",
+            )),
+            Edits {
+                normalize_finish: true,
+                ..Edits::default()
+            },
+            Duration::from_secs(60),
+            backend.clone(),
+            config.health.clone(),
+            Settle::new(AccessRecord::new("r".into(), "chat", Instant::now())),
+        );
+        let out = stream.collect().await.unwrap().to_bytes();
+        assert_eq!(
+            &out[..],
+            b"data: {\"usage\":\ndata: null}\n\ndata: [DONE]\n\n"
+        );
     }
 
     #[test]
