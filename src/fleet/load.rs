@@ -4,6 +4,10 @@
 //! and removes exactly that when dropped — on success, error, client disconnect or panic alike.
 //! A guard may also hold the gateway's [`WaitQueue`]: dropping it then hands the freed slot to
 //! the next waiting request.
+//!
+//! Invariant: under a concurrency cap, a guard exists only if it took a slot with
+//! [`LoadGuard::claim`], which checks and increments the request count in one atomic step, so
+//! concurrent requests can never together exceed the cap.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,6 +32,26 @@ impl LoadGuard {
             tokens,
             wake: None,
         }
+    }
+
+    /// Take one of `cap` slots (no cap: always) and count the request, or `None` if all are
+    /// taken. The check and the increment are one atomic step.
+    pub fn claim(state: Arc<BackendState>, tokens: u64, cap: Option<u64>) -> Option<Self> {
+        let Some(cap) = cap else {
+            return Some(Self::new(state, tokens));
+        };
+        state
+            .inflight_requests
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < cap).then_some(n + 1)
+            })
+            .ok()?;
+        state.inflight_tokens.fetch_add(tokens, Ordering::Relaxed);
+        Some(LoadGuard {
+            state,
+            tokens,
+            wake: None,
+        })
     }
 
     /// Wake the next request waiting in `queue` when this guard is dropped.
@@ -83,6 +107,37 @@ mod tests {
         }
         assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
         assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn claim_never_exceeds_the_cap_under_contention() {
+        let s = Arc::new(BackendState::new());
+        let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (s, peak) = (s.clone(), peak.clone());
+                std::thread::spawn(move || {
+                    let mut taken = 0;
+                    for _ in 0..20_000 {
+                        if let Some(g) = LoadGuard::claim(s.clone(), 1, Some(2)) {
+                            taken += 1;
+                            let now = g.state().inflight_requests.load(Ordering::Acquire);
+                            peak.fetch_max(now, Ordering::Relaxed);
+                        }
+                    }
+                    taken
+                })
+            })
+            .collect();
+        let taken: u64 = threads.into_iter().map(|t| t.join().unwrap_or(0)).sum();
+        assert!(taken > 0);
+        assert!(peak.load(Ordering::Relaxed) <= 2, "cap of 2 exceeded");
+        assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
+        let a = LoadGuard::claim(s.clone(), 1, Some(1));
+        assert!(a.is_some());
+        assert!(LoadGuard::claim(s.clone(), 1, Some(1)).is_none());
+        assert!(LoadGuard::claim(s.clone(), 1, None).is_some());
     }
 
     #[test]

@@ -176,7 +176,7 @@ async fn proxy(
         if attempt > 0 && Instant::now() >= deadline {
             break;
         }
-        let idx = match pick_or_wait(
+        let Claimed { idx, guard, queued } = match pick_or_wait(
             gw,
             config,
             policy,
@@ -187,7 +187,7 @@ async fn proxy(
         )
         .await
         {
-            Ok(Some(idx)) => idx,
+            Ok(Some(claimed)) => claimed,
             Ok(None) => break,
             Err(e) => {
                 last_failure = Some(e);
@@ -229,13 +229,6 @@ async fn proxy(
         // A non-streamed answer (or an error body) must be complete within `timeouts.response`
         // of the send, so a backend trickling bytes just faster than `idle` cannot hold it.
         let body_deadline = tokio::time::Instant::now() + timeouts.response;
-        // Whether this request will queue inside the engine: its TTFT then says little about
-        // the backend's prefill speed.
-        let queued = crate::routing::score::would_queue(backend, backend_model);
-        let mut guard = LoadGuard::new(backend.state.clone(), expected_tokens);
-        if backend.cap().is_some() {
-            guard = guard.waking(gw.queue.clone());
-        }
         backend
             .state
             .requests_total
@@ -465,6 +458,46 @@ async fn proxy(
 /// gateway's fair queue (by tenant) for a slot, up to `queue.timeout`. `Ok(None)`: nothing is
 /// routable (or all were tried); `Err`: the queue is full or the wait timed out (503 +
 /// `Retry-After`).
+/// The backend chosen for one attempt, with its slot already taken.
+struct Claimed {
+    /// Index into the request's candidates.
+    idx: usize,
+    /// The request's share of the backend's load (and, under a cap, its slot).
+    guard: LoadGuard,
+    /// Whether the request will queue inside the engine: its TTFT then says little about the
+    /// backend's prefill speed.
+    queued: bool,
+}
+
+/// Route, then take the chosen backend's slot. Routing reads the counters without holding
+/// them, so a concurrent request can take the last slot between the pick and the claim; the
+/// next pick then sees that backend full. Bounded: each lost race means another request got
+/// a slot.
+fn pick_and_claim(
+    gw: &Gateway,
+    policy: crate::config::PolicyKind,
+    candidates: &[(Arc<crate::fleet::Backend>, String)],
+    tried: &[usize],
+    input: RouteInput,
+) -> Option<Claimed> {
+    for _ in 0..=candidates.len() {
+        let idx = gw.router.pick(policy, candidates, tried, input)?;
+        let (backend, backend_model) = &candidates[idx];
+        let queued = crate::routing::score::would_queue(backend, backend_model);
+        let cap = backend.cap();
+        let Some(guard) = LoadGuard::claim(backend.state.clone(), input.tokens, cap) else {
+            continue;
+        };
+        let guard = if cap.is_some() {
+            guard.waking(gw.queue.clone())
+        } else {
+            guard
+        };
+        return Some(Claimed { idx, guard, queued });
+    }
+    None
+}
+
 async fn pick_or_wait(
     gw: &Gateway,
     config: &crate::config::Config,
@@ -473,11 +506,11 @@ async fn pick_or_wait(
     tried: &[usize],
     input: RouteInput,
     tenant: &str,
-) -> Result<Option<usize>, ApiError> {
+) -> Result<Option<Claimed>, ApiError> {
     use crate::fleet::queue::QueueError;
     use crate::routing::Router;
-    if let Some(i) = gw.router.pick(policy, candidates, tried, input) {
-        return Ok(Some(i));
+    if let Some(c) = pick_and_claim(gw, policy, candidates, tried, input) {
+        return Ok(Some(c));
     }
     if !Router::saturated(candidates, tried) {
         return Ok(None);
@@ -514,12 +547,12 @@ async fn pick_or_wait(
                 .record(started.elapsed().as_secs_f64());
             return Err(refuse("timeout", e));
         }
-        if let Some(i) = gw.router.pick(policy, candidates, tried, input) {
+        if let Some(c) = pick_and_claim(gw, policy, candidates, tried, input) {
             drop(ticket);
             metrics::gauge!(m::QUEUE_DEPTH).set(gw.queue.len() as f64);
             metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "routed")
                 .record(started.elapsed().as_secs_f64());
-            return Ok(Some(i));
+            return Ok(Some(c));
         }
         if !Router::saturated(candidates, tried) {
             return Ok(None);
