@@ -202,3 +202,99 @@ async fn token_aware_avoids_an_engine_with_a_deep_queue_it_did_not_cause() {
         d.abort();
     }
 }
+
+/// A chat whose long system prompt the engine can cache, with a short question.
+fn shared_prompt_body(model: &str, stream: bool, question: &str) -> serde_json::Value {
+    let system = "You answer questions about the shared handbook. ".repeat(40);
+    let mut body = serde_json::json!({
+        "model": model,
+        "stream": stream,
+        "max_tokens": 4,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question}
+        ]
+    });
+    if stream {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    body
+}
+
+/// The `usage` of a whole answer or of a stream's usage chunk.
+async fn usage_of(r: reqwest::Response, stream: bool) -> serde_json::Value {
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    if !stream {
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        return v["usage"].clone();
+    }
+    let usage = sse_data(&text)
+        .into_iter()
+        .filter(|d| d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(&d).ok())
+        .find(|v| v["usage"].is_object())
+        .unwrap_or_else(|| panic!("no usage chunk in {text}"));
+    usage["usage"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_prompt_tokens_reach_the_client_unchanged() {
+    let fast = || Timing {
+        max_num_seqs: 8,
+        decode_base: Duration::from_millis(1),
+        decode_per_seq: Duration::from_micros(10),
+        prefill_per_token: Duration::from_micros(1),
+        ..Timing::default()
+    };
+    // off by default, as in vLLM: no details even on a cache hit
+    let plain = sim_with(SimConfig::new(SimKind::Vllm, vec!["m".into()]).timing(fast())).await;
+    let url = format!("{}/v1/chat/completions", plain.url());
+    for q in ["first?", "second?"] {
+        let r = client()
+            .post(&url)
+            .json(&shared_prompt_body("m", false, q))
+            .send()
+            .await
+            .unwrap();
+        let u = usage_of(r, false).await;
+        assert!(u["prompt_tokens_details"].is_null(), "{u}");
+    }
+
+    let sim = sim_with(
+        SimConfig::new(SimKind::Vllm, vec!["m".into()])
+            .timing(fast())
+            .prompt_tokens_details(true),
+    )
+    .await;
+    // the client's name differs from the backend's, so the gateway edits every event
+    let toml = format!(
+        "{FAST_HEALTH}\n[[backends]]\nname = \"v\"\nkind = \"vllm\"\nurl = \"{}\"\n\
+         models = [\"public\"]\nmodel_names = {{ \"public\" = \"m\" }}\n",
+        sim.url()
+    );
+    let gw = TestGateway::start_healthy(&toml).await;
+    let post = |stream: bool, q: &'static str| {
+        client()
+            .post(gw.url("/v1/chat/completions"))
+            .json(&shared_prompt_body("public", stream, q))
+            .send()
+    };
+    // cold: nothing cached, so vLLM leaves the details out
+    let cold = usage_of(post(false, "one?").await.unwrap(), false).await;
+    assert!(cold["prompt_tokens_details"].is_null(), "{cold}");
+    let prompt = cold["prompt_tokens"].as_u64().unwrap();
+    for stream in [false, true] {
+        let u = usage_of(post(stream, "two?").await.unwrap(), stream).await;
+        let cached = u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("stream {stream}: {u}"));
+        // the system prompt's whole blocks, never the whole prompt
+        assert!(
+            cached >= prompt / 2 && cached < prompt,
+            "{cached} of {prompt}"
+        );
+        assert_eq!(u["prompt_tokens"].as_u64(), Some(prompt), "{u}");
+    }
+    gw.stop().await;
+}

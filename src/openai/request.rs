@@ -73,6 +73,10 @@ pub struct RequestFields {
     /// Stable 64-bit hash of the conversation prefix (everything but the last message, or the
     /// first KiB of a single prompt), for prefix-affinity routing. Stable across processes.
     pub prefix_hash: Option<u64>,
+    /// Tokenizer-free estimate (bytes / 4 plus per-message overhead) of the part of the prompt
+    /// that `prefix_hash` stands for: the tokens a backend with this prefix cached would not
+    /// prefill again.
+    pub prefix_tokens_estimate: u64,
     /// Byte offset just after the body's opening `{`, where a new member can be inserted.
     pub object_start: usize,
     /// Whether the body's object has at least one member (always true once `model` is known).
@@ -233,7 +237,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
         Some(n) => n,
     };
 
-    let (prompt_tokens_estimate, prefix_hash) = match endpoint {
+    let (prompt_tokens_estimate, prefix_hash, prefix_tokens_estimate) = match endpoint {
         Endpoint::Chat => {
             let raw = wire.messages.ok_or_else(|| {
                 ApiError::bad_request("`messages` is required.").with_param("messages")
@@ -246,14 +250,15 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
             })?;
             string_or_array(raw, "prompt")?;
             let est = estimate_raw(raw);
-            (est, Some(prefix_of(raw.get().as_bytes())))
+            let prefix = (raw.get().len().min(PREFIX_BYTES) as u64).div_ceil(4);
+            (est, Some(prefix_of(raw.get().as_bytes())), prefix)
         }
         Endpoint::Embeddings => {
             let raw = wire
                 .input
                 .ok_or_else(|| ApiError::bad_request("`input` is required.").with_param("input"))?;
             string_or_array(raw, "input")?;
-            (estimate_raw(raw), None)
+            (estimate_raw(raw), None, 0)
         }
     };
 
@@ -268,6 +273,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
         n,
         prompt_tokens_estimate,
         prefix_hash,
+        prefix_tokens_estimate,
         object_start: trimmed_start + 1,
         has_members: true,
     })
@@ -354,7 +360,11 @@ fn estimate_raw(raw: &RawValue) -> u64 {
     (raw.get().len() as u64).div_ceil(4)
 }
 
-fn estimate_messages(raw: &RawValue) -> Result<(u64, Option<u64>), ApiError> {
+/// How much of a single prompt stands for its shared part (prefix hash and prefix estimate).
+const PREFIX_BYTES: usize = 1024;
+
+/// Prompt estimate, prefix hash and prefix estimate of a `messages` array.
+fn estimate_messages(raw: &RawValue) -> Result<(u64, Option<u64>, u64), ApiError> {
     let messages: Vec<MessageWire<'_>> = serde_json::from_str(raw.get()).map_err(|_| {
         ApiError::bad_request("`messages` must be an array of message objects.")
             .with_param("messages")
@@ -367,6 +377,7 @@ fn estimate_messages(raw: &RawValue) -> Result<(u64, Option<u64>), ApiError> {
     }
     let mut tokens = REPLY_PRIMING_TOKENS;
     let mut prefix = Fnv64::new();
+    let mut prefix_tokens = 0u64;
     let last = messages.len() - 1;
     for (i, m) in messages.iter().enumerate() {
         let role = m.role.map(RawValue::get).unwrap_or("");
@@ -389,20 +400,22 @@ fn estimate_messages(raw: &RawValue) -> Result<(u64, Option<u64>), ApiError> {
                 let bytes = c.get().as_bytes();
                 // A single message: its first KiB stands for the shared part (system-like text).
                 let take = if last == 0 {
-                    bytes.len().min(1024)
+                    bytes.len().min(PREFIX_BYTES)
                 } else {
                     bytes.len()
                 };
                 prefix.write(&bytes[..take]);
+                prefix_tokens += (take as u64).div_ceil(4);
             }
+            prefix_tokens += TOKENS_PER_MESSAGE;
         }
     }
-    Ok((tokens, Some(prefix.finish())))
+    Ok((tokens, Some(prefix.finish()), prefix_tokens.min(tokens)))
 }
 
 fn prefix_of(bytes: &[u8]) -> u64 {
     let mut h = Fnv64::new();
-    h.write(&bytes[..bytes.len().min(1024)]);
+    h.write(&bytes[..bytes.len().min(PREFIX_BYTES)]);
     h.finish()
 }
 
@@ -554,6 +567,10 @@ mod tests {
         let c = chat(r#"{"model":"m","messages":[{"role":"system","content":"Other"},{"role":"user","content":"q1"}]}"#).unwrap();
         assert_eq!(a.prefix_hash, b.prefix_hash);
         assert_ne!(a.prefix_hash, c.prefix_hash);
+        // the prefix estimate covers the system message ("You are helpful" with its quotes:
+        // 17 bytes -> 5 tokens, + 4 per message), not the last one
+        assert_eq!(a.prefix_tokens_estimate, 9);
+        assert!(a.prefix_tokens_estimate < a.prompt_tokens_estimate);
         let mut h = Fnv64::new();
         h.write(b"a");
         assert_eq!(h.finish(), 0xaf63dc4c8601ec8c);

@@ -166,6 +166,7 @@ async fn proxy(
         tokens: expected_tokens,
         prefix_hash: fields.prefix_hash,
         prompt_tokens: prompt_estimate,
+        prefix_tokens: shapes.corrected_prompt(&resolved.canonical, fields.prefix_tokens_estimate),
     };
     let streaming = fields.stream && endpoint != Endpoint::Embeddings;
     let deadline = Instant::now() + config.routing.failover_deadline;
@@ -338,6 +339,7 @@ async fn proxy(
             fill_id: (backend.kind() == BackendKind::Tgi)
                 .then(|| id_for(endpoint, &record.request_id)),
             normalize_finish: backend.kind() == BackendKind::Tgi,
+            redact: backend.config.api_key.as_deref().map(Arc::from),
         };
         out_headers.extend(limit_headers.clone());
         let mut settle = Settle::new(take_record(record));
@@ -432,6 +434,7 @@ async fn proxy(
             } else {
                 whole
             };
+        let whole = observe::redact(whole, edits.redact.as_deref());
         settle.finish();
         let mut response = Response::new(Body::new(Full::new(whole)));
         *response.status_mut() = status;

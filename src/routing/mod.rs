@@ -40,13 +40,28 @@ pub struct RouteInput {
     pub prefix_hash: Option<u64>,
     /// The prompt's share of `tokens` (the rest is expected output).
     pub prompt_tokens: u64,
+    /// The share of `prompt_tokens` that `prefix_hash` stands for (what a backend holding the
+    /// prefix in its cache does not prefill again).
+    pub prefix_tokens: u64,
 }
 
 impl RouteInput {
+    /// The request as a backend without its prefix cached sees it.
     fn score_request(&self) -> score::Request {
         score::Request {
             prompt_tokens: self.prompt_tokens.min(self.tokens),
             output_tokens: self.tokens.saturating_sub(self.prompt_tokens),
+        }
+    }
+
+    /// The request as a backend with its prefix cached sees it: only the rest of the prompt
+    /// (at least one token, as engines recompute the last one) is prefilled.
+    fn warm_request(&self) -> score::Request {
+        let cold = self.score_request();
+        let prefix = self.prefix_tokens.min(cold.prompt_tokens.saturating_sub(1));
+        score::Request {
+            prompt_tokens: cold.prompt_tokens - prefix,
+            output_tokens: cold.output_tokens,
         }
     }
 }
@@ -54,12 +69,13 @@ impl RouteInput {
 /// Default of `routing.p2c_above`.
 pub const DEFAULT_P2C_ABOVE: usize = 16;
 
-/// How much more loaded than the average a prefix-affinity choice may be before the load guard
-/// sends the request elsewhere.
+/// How much more loaded than the fleet, relative to its batch slots, a prefix-affinity choice
+/// may be before the load guard sends the request elsewhere.
 const AFFINITY_LOAD_FACTOR: f64 = 1.5;
 /// Slack (in requests) added to the affinity guard, so a lightly loaded fleet keeps affinity.
 const AFFINITY_SLACK: f64 = 2.0;
-/// How much longer than the best backend's expected time an affinity choice may take.
+/// How much longer than the best backend's expected time an affinity choice (scored with its
+/// prefix warm) may take.
 const AFFINITY_SCORE_FACTOR: f64 = 1.5;
 
 /// Per-policy routing state, shared by all requests.
@@ -250,10 +266,19 @@ pub fn rendezvous_rank(prefix: u64, name: &str) -> u64 {
 }
 
 impl Router {
-    /// Rendezvous order of `prefix`; the first backend in that order that passes both guards:
-    /// in-flight requests at most [`AFFINITY_LOAD_FACTOR`] × the mean (+ slack), and an
-    /// expected time at most [`AFFINITY_SCORE_FACTOR`] × the best backend's (a warm cache is
-    /// worth some waiting, not any). None passes: token-aware.
+    /// Rendezvous order of `prefix`; the first backend in that order that passes both guards,
+    /// else token-aware:
+    /// - load relative to capacity: its requests (gateway in flight or engine running +
+    ///   waiting) at most [`AFFINITY_LOAD_FACTOR`] × the utilisation of the other candidates
+    ///   (Σ busy / Σ slots) × its own slots, + [`AFFINITY_SLACK`]. A fast backend with twice
+    ///   the batch slots carries twice the requests before it counts as overloaded; a mean of
+    ///   request counts would push prefixes off it exactly where they are served best. (The
+    ///   others, not the whole fleet: a backend holding most of the fleet's slots would
+    ///   otherwise never exceed a multiple of a mean it dominates.)
+    /// - expected time: scored with the prefix warm (its prefill discounted, it is expected to
+    ///   be cached there), at most [`AFFINITY_SCORE_FACTOR`] × the best backend's expected time
+    ///   scored cold. Scoring the affinity target cold as well would reject it whenever another
+    ///   backend prefills faster, and the choice would flip with load, scattering the prefix.
     fn affinity(
         &self,
         backends: &[&Backend],
@@ -263,17 +288,27 @@ impl Router {
     ) -> usize {
         let mut order: Vec<usize> = (0..backends.len()).collect();
         order.sort_by_key(|i| std::cmp::Reverse(rendezvous_rank(prefix, backends[*i].name())));
-        let mean = backends.iter().map(|b| load_of(b)).sum::<f64>() / backends.len() as f64;
-        let bound = mean * AFFINITY_LOAD_FACTOR + AFFINITY_SLACK;
         let prior = score::Prior::of(backends);
-        let req = input.score_request();
-        let scores: Vec<f64> = (0..backends.len())
-            .map(|i| score::breakdown(backends[i], models[i], req, prior).score)
+        let cold = input.score_request();
+        let warm = input.warm_request();
+        let cold: Vec<score::Breakdown> = (0..backends.len())
+            .map(|i| score::breakdown(backends[i], models[i], cold, prior))
             .collect();
-        let best = scores.iter().copied().fold(f64::INFINITY, f64::min);
-        for i in &order {
-            if load_of(backends[*i]) <= bound && scores[*i] <= best * AFFINITY_SCORE_FACTOR {
-                return *i;
+        let best = cold.iter().map(|b| b.score).fold(f64::INFINITY, f64::min);
+        let busy: f64 = cold.iter().map(|b| b.busy).sum();
+        let slots: f64 = cold.iter().map(|b| b.slots).sum();
+        for i in order {
+            let other_slots = slots - cold[i].slots;
+            if other_slots > 0.0 {
+                let others = (busy - cold[i].busy).max(0.0) / other_slots;
+                let bound = others * AFFINITY_LOAD_FACTOR * cold[i].slots + AFFINITY_SLACK;
+                if cold[i].busy > bound {
+                    continue;
+                }
+            }
+            let warm_score = score::breakdown(backends[i], models[i], warm, prior).score;
+            if warm_score <= best * AFFINITY_SCORE_FACTOR {
+                return i;
             }
         }
         self.token_aware(backends, models, input)
@@ -313,6 +348,7 @@ mod tests {
         tokens: 100,
         prefix_hash: None,
         prompt_tokens: 50,
+        prefix_tokens: 0,
     };
 
     #[test]
@@ -400,6 +436,7 @@ mod tests {
             tokens: 10,
             prefix_hash: Some(h),
             prompt_tokens: 5,
+            prefix_tokens: 4,
         };
         let first = r
             .pick(PolicyKind::PrefixAffinity, &c, &[], input(42))
@@ -439,5 +476,100 @@ mod tests {
         }
         let share = moved as f64 / keys as f64;
         assert!((0.12..0.30).contains(&share), "moved share {share}");
+    }
+
+    fn measure(b: &Backend, prefill_tps: f64, decode_tps: f64) {
+        for _ in 0..10 {
+            let ttft = 1000.0 / prefill_tps;
+            b.state.speeds.observe(
+                &crate::fleet::speed::Observation {
+                    prompt_tokens: 1000,
+                    completion_tokens: 101,
+                    ttft: Some(Duration::from_secs_f64(ttft)),
+                    total: Duration::from_secs_f64(ttft + 100.0 / decode_tps),
+                    queued: false,
+                },
+                1.0,
+            );
+        }
+    }
+
+    /// The candidate the rendezvous order puts first for `prefix`.
+    fn affinity_target(c: &[(Arc<Backend>, String)], prefix: u64) -> usize {
+        (0..c.len())
+            .max_by_key(|i| rendezvous_rank(prefix, c[*i].0.name()))
+            .unwrap()
+    }
+
+    fn shared_prompt(prefix: u64) -> RouteInput {
+        // a 1500-token system prompt + a short question, a short answer
+        RouteInput {
+            tokens: 1610,
+            prefix_hash: Some(prefix),
+            prompt_tokens: 1600,
+            prefix_tokens: 1500,
+        }
+    }
+
+    #[test]
+    fn affinity_keeps_a_slower_prefill_backend_whose_prefix_is_warm() {
+        let c = backends(2);
+        let prefix = 7;
+        let target = affinity_target(&c, prefix);
+        let other = 1 - target;
+        // the target prefills 5x slower; cold, it would take about 2.8x as long
+        measure(&c[target].0, 4_000.0, 100.0);
+        measure(&c[other].0, 20_000.0, 100.0);
+        let r = Router::new();
+        let input = shared_prompt(prefix);
+        for _ in 0..4 {
+            assert_eq!(
+                r.pick(PolicyKind::PrefixAffinity, &c, &[], input),
+                Some(target)
+            );
+        }
+        // without a prefix to reuse (all of the prompt is new) the faster backend wins
+        let no_reuse = RouteInput {
+            prefix_tokens: 0,
+            ..input
+        };
+        assert_eq!(
+            r.pick(PolicyKind::PrefixAffinity, &c, &[], no_reuse),
+            Some(other)
+        );
+    }
+
+    #[test]
+    fn affinity_load_guard_is_relative_to_batch_slots() {
+        let mut c = backends(3);
+        let prefix = 11;
+        let target = affinity_target(&c, prefix);
+        for (i, (b, _)) in c.iter_mut().enumerate() {
+            let mut cfg = b.config.clone();
+            cfg.max_concurrent = Some(if i == target { 32 } else { 8 });
+            *b = Arc::new(Backend::new(cfg, b.state.clone()));
+        }
+        let r = Router::new();
+        let input = shared_prompt(prefix);
+        // 10 of 32 slots busy on the big backend, 2 of 8 on the small ones: the same share of
+        // its capacity, so affinity holds (a mean of request counts, 4.7, would reject it)
+        let mut guards: Vec<_> = (0..10)
+            .map(|_| LoadGuard::new(c[target].0.state.clone(), 100))
+            .collect();
+        for (i, (b, _)) in c.iter().enumerate() {
+            if i != target {
+                guards.extend((0..2).map(|_| LoadGuard::new(b.state.clone(), 100)));
+            }
+        }
+        assert_eq!(
+            r.pick(PolicyKind::PrefixAffinity, &c, &[], input),
+            Some(target)
+        );
+        // 26 of 32 busy while the others stay at 2 of 8: overloaded relative to the rest
+        guards.extend((0..16).map(|_| LoadGuard::new(c[target].0.state.clone(), 100)));
+        assert_ne!(
+            r.pick(PolicyKind::PrefixAffinity, &c, &[], input),
+            Some(target)
+        );
     }
 }

@@ -129,6 +129,10 @@ pub struct SimConfig {
     pub preloaded: bool,
     /// Dimension of the embedding vectors.
     pub embedding_dim: usize,
+    /// vLLM `--enable-prompt-tokens-details`: usage reports
+    /// `prompt_tokens_details.cached_tokens` (the request's prefix-cache hit). Off by default,
+    /// as in vLLM.
+    pub prompt_tokens_details: bool,
     /// Fault active at start-up (normally healthy).
     pub fault: Fault,
     /// `run` only: N >= 1 = serve on N dedicated threads, each a single-threaded runtime
@@ -177,6 +181,7 @@ impl SimConfig {
             keep_alive: Duration::from_secs(300),
             preloaded: false,
             embedding_dim: 384,
+            prompt_tokens_details: false,
             fault: Fault::healthy(),
             threads: 0,
         }
@@ -239,6 +244,11 @@ impl SimConfig {
     /// Whether Ollama models start loaded.
     pub fn preloaded(mut self, yes: bool) -> Self {
         self.preloaded = yes;
+        self
+    }
+    /// vLLM `--enable-prompt-tokens-details` (ignored by the other kinds).
+    pub fn prompt_tokens_details(mut self, yes: bool) -> Self {
+        self.prompt_tokens_details = yes;
         self
     }
     /// vLLM `max_model_len`.
@@ -411,6 +421,10 @@ pub struct SimArgs {
     /// Ollama: start with the models loaded.
     #[arg(long)]
     pub preloaded: bool,
+    /// vLLM: report each request's prefix-cache hit as usage.prompt_tokens_details.cached_tokens
+    /// (off by default, as in vLLM).
+    #[arg(long)]
+    pub enable_prompt_tokens_details: bool,
     /// Fault at start-up: healthy, hang, slow, error_rate, drop_midstream, overloaded,
     /// health_fail, loading, refuse.
     #[arg(long, default_value = "healthy", value_parser = parse_mode)]
@@ -493,6 +507,7 @@ impl SimArgs {
             c.keep_alive = v;
         }
         c.preloaded = self.preloaded;
+        c.prompt_tokens_details = self.enable_prompt_tokens_details;
         c.threads = self.threads;
         c.fault = Fault::from_parts(
             self.fault,

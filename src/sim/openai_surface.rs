@@ -193,6 +193,8 @@ pub(crate) struct Ctx {
     pub created: u64,
     /// The model name, already JSON-escaped.
     pub model_json: String,
+    /// vLLM `--enable-prompt-tokens-details`: report `prompt_tokens_details.cached_tokens`.
+    pub prompt_details: bool,
 }
 
 impl Ctx {
@@ -221,18 +223,38 @@ impl Ctx {
             id,
             created: super::unix_now(),
             model_json: js(model),
+            prompt_details: false,
         }
     }
 
-    fn usage(&self, prompt: u32, completion: u32, full: bool) -> String {
+    /// Report the prefix-cache hit of each request in its usage (vLLM
+    /// `--enable-prompt-tokens-details`).
+    pub(crate) fn with_prompt_details(mut self, on: bool) -> Ctx {
+        self.prompt_details = on && self.surface == Surface::Vllm;
+        self
+    }
+
+    /// The `usage` object. vLLM sets `prompt_tokens_details` only when details are on and some
+    /// prompt tokens came from the prefix cache (`if enable_prompt_tokens_details and
+    /// num_cached_tokens`): the whole answer says `null` otherwise, the usage chunk leaves the
+    /// key out.
+    fn usage(&self, prompt: u32, completion: u32, cached: u32, full: bool) -> String {
         let total = prompt + completion;
+        let details =
+            (self.prompt_details && cached > 0).then(|| format!("{{\"cached_tokens\":{cached}}}"));
         match self.surface {
             Surface::Vllm if full => format!(
-                "{{\"prompt_tokens\":{prompt},\"total_tokens\":{total},\"completion_tokens\":{completion},\"prompt_tokens_details\":null,\"completion_tokens_details\":null}}"
+                "{{\"prompt_tokens\":{prompt},\"total_tokens\":{total},\"completion_tokens\":{completion},\"prompt_tokens_details\":{},\"completion_tokens_details\":null}}",
+                details.as_deref().unwrap_or("null")
             ),
-            Surface::Vllm => format!(
-                "{{\"prompt_tokens\":{prompt},\"total_tokens\":{total},\"completion_tokens\":{completion}}}"
-            ),
+            Surface::Vllm => match details {
+                Some(d) => format!(
+                    "{{\"prompt_tokens\":{prompt},\"total_tokens\":{total},\"completion_tokens\":{completion},\"prompt_tokens_details\":{d}}}"
+                ),
+                None => format!(
+                    "{{\"prompt_tokens\":{prompt},\"total_tokens\":{total},\"completion_tokens\":{completion}}}"
+                ),
+            },
             _ => format!(
                 "{{\"prompt_tokens\":{prompt},\"completion_tokens\":{completion},\"total_tokens\":{total}}}"
             ),
@@ -246,10 +268,11 @@ impl Ctx {
         finish: Finish,
         prompt: u32,
         completion: u32,
+        cached: u32,
     ) -> String {
         let (id, created, model) = (&self.id, self.created, &self.model_json);
         let fr = finish.as_openai();
-        let usage = self.usage(prompt, completion, true);
+        let usage = self.usage(prompt, completion, cached, true);
         match self.surface {
             Surface::Vllm => format!(
                 "{{\"id\":\"{id}\",\"object\":\"chat.completion\",\"created\":{created},\"model\":{model},\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{fr}\",\"stop_reason\":null,\"token_ids\":null,\"routed_experts\":null}}],\"service_tier\":null,\"system_fingerprint\":\"{VLLM_FINGERPRINT}\",\"usage\":{usage},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}}"
@@ -270,10 +293,11 @@ impl Ctx {
         finish: Finish,
         prompt: u32,
         completion: u32,
+        cached: u32,
     ) -> String {
         let (id, created, model) = (&self.id, self.created, &self.model_json);
         let fr = finish.as_openai();
-        let usage = self.usage(prompt, completion, true);
+        let usage = self.usage(prompt, completion, cached, true);
         match self.surface {
             Surface::Vllm => format!(
                 "{{\"id\":\"{id}\",\"object\":\"text_completion\",\"created\":{created},\"model\":{model},\"choices\":[{{\"index\":0,\"text\":\"{text}\",\"logprobs\":null,\"finish_reason\":\"{fr}\",\"stop_reason\":null,\"token_ids\":null,\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"routed_experts\":null}}],\"service_tier\":null,\"system_fingerprint\":\"{VLLM_FINGERPRINT}\",\"usage\":{usage},\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}}"
@@ -367,14 +391,20 @@ impl Ctx {
     }
 
     /// The usage chunk (`choices: []`).
-    pub(crate) fn usage_chunk(&self, chat: bool, prompt: u32, completion: u32) -> String {
+    pub(crate) fn usage_chunk(
+        &self,
+        chat: bool,
+        prompt: u32,
+        completion: u32,
+        cached: u32,
+    ) -> String {
         let (id, created, model) = (&self.id, self.created, &self.model_json);
         let object = if chat {
             "chat.completion.chunk"
         } else {
             "text_completion"
         };
-        let usage = self.usage(prompt, completion, false);
+        let usage = self.usage(prompt, completion, cached, false);
         match self.surface {
             Surface::Vllm => self.frame(&format!(
                 "{{\"id\":\"{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":{model},\"choices\":[],\"usage\":{usage},\"system_fingerprint\":\"{VLLM_FINGERPRINT}\"}}"
@@ -483,9 +513,21 @@ pub(crate) async fn respond(
         let p = &gen.plan;
         let text = p.text(0, p.words.len());
         let body = if o.chat {
-            ctx.chat_body(&text, p.finish, p.prompt_tokens(), p.completion_tokens())
+            ctx.chat_body(
+                &text,
+                p.finish,
+                p.prompt_tokens(),
+                p.completion_tokens(),
+                gen.cached,
+            )
         } else {
-            ctx.completion_body(&text, p.finish, p.prompt_tokens(), p.completion_tokens())
+            ctx.completion_body(
+                &text,
+                p.finish,
+                p.prompt_tokens(),
+                p.completion_tokens(),
+                gen.cached,
+            )
         };
         return Ok(super::server::json(StatusCode::OK, o.json_ct, body));
     }
@@ -535,7 +577,7 @@ pub(crate) async fn respond(
             }
             if include_usage {
                 let p = &gen.plan;
-                let u = ctx.usage_chunk(chat, p.prompt_tokens(), p.completion_tokens());
+                let u = ctx.usage_chunk(chat, p.prompt_tokens(), p.completion_tokens(), gen.cached);
                 if !sink.send(u).await {
                     return;
                 }

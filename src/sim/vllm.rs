@@ -398,7 +398,8 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         t.max_output_tokens,
         sim.needs_prompt_ids(),
     );
-    let ctx = Ctx::new(Surface::Vllm, true, model);
+    let ctx =
+        Ctx::new(Surface::Vllm, true, model).with_prompt_details(sim.config.prompt_tokens_details);
     let opts = RespondOpts {
         chat: true,
         stream,
@@ -471,7 +472,8 @@ async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody
         t.max_output_tokens,
         sim.needs_prompt_ids(),
     );
-    let ctx = Ctx::new(Surface::Vllm, false, model);
+    let ctx =
+        Ctx::new(Surface::Vllm, false, model).with_prompt_details(sim.config.prompt_tokens_details);
     let opts = RespondOpts {
         chat: false,
         stream,
