@@ -136,7 +136,27 @@ async fn keyed_backend(key: &'static str, seen: Seen) -> String {
                         "type": "server_error", "param": null, "code": null}}),
                 );
             }
-            let model = req["model"].as_str().unwrap_or("m").to_string();
+            let model = model_of(&req);
+            if req["stream"] == serde_json::Value::Bool(true)
+                && req.to_string().contains("please-break")
+            {
+                // A 200 stream that fails after its first chunk with an error event echoing
+                // the key the gateway sent.
+                let sse = format!(
+                    "data: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
+                    serde_json::json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                        "model": model_of(&req), "choices": [{"index": 0, "delta": {"content": "Hel"},
+                        "finish_reason": null}]}),
+                    serde_json::json!({"error": {"message": format!("worker lost mid-answer (request authorised by {auth})"),
+                        "type": "server_error", "param": null, "code": null}})
+                );
+                return (
+                    http::StatusCode::OK,
+                    [("content-type", "text/event-stream")],
+                    sse,
+                )
+                    .into_response();
+            }
             if req["stream"] == serde_json::Value::Bool(true) {
                 let mut sse = String::new();
                 for (i, word) in ["Hello", " there"].iter().enumerate() {
@@ -492,6 +512,19 @@ hash = "{bob_hash}"
     assert!(s >= 500, "{s} {body}");
     let (s, body) = t
         .record(
+            "backend error event inside a 200 stream",
+            c.post(&completions)
+                .bearer_auth(&bob)
+                .json(&chat("m", true, "please-break"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    assert!(body.contains("worker lost mid-answer"), "{body}");
+    let (s, body) = t
+        .record(
             "stale backend key",
             c.post(&completions)
                 .bearer_auth(&alice)
@@ -782,4 +815,8 @@ hash = "{bob_hash}"
             "{label} reached a backend"
         );
     }
+}
+
+fn model_of(req: &serde_json::Value) -> String {
+    req["model"].as_str().unwrap_or("m").to_string()
 }

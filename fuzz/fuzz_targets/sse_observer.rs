@@ -121,6 +121,55 @@ fn events(bytes: &[u8]) -> (Vec<Bytes>, Bytes) {
     (out, s.take_rest())
 }
 
+/// What an SSE client dispatches from `bytes`, read independently of the gateway's scanner,
+/// as the WHATWG EventSource algorithm does: lines end at CRLF, LF or a lone CR; `data` fields
+/// append their value and a LF; a blank line dispatches the buffer (minus its last LF) when it
+/// is not empty. Returns the dispatched data and whether a partial event was left over.
+fn client_view(bytes: &[u8]) -> (Vec<Vec<u8>>, bool) {
+    let mut out = Vec::new();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut has_data = false;
+    let mut line: Vec<u8> = Vec::new();
+    let mut line_open = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'\r' || b == b'\n' {
+            if b == b'\r' && bytes.get(i + 1) == Some(&b'\n') {
+                i += 1;
+            }
+            if line.is_empty() {
+                if has_data {
+                    buf.pop();
+                    out.push(std::mem::take(&mut buf));
+                }
+                buf.clear();
+                has_data = false;
+            } else if line.first() != Some(&b':') {
+                let (field, value) = match line.iter().position(|c| *c == b':') {
+                    Some(p) => {
+                        let v = &line[p + 1..];
+                        (&line[..p], v.strip_prefix(b" ").unwrap_or(v))
+                    }
+                    None => (&line[..], &[][..]),
+                };
+                if field == b"data" {
+                    buf.extend_from_slice(value);
+                    buf.push(b'\n');
+                    has_data = true;
+                }
+            }
+            line.clear();
+            line_open = false;
+        } else {
+            line.push(b);
+            line_open = true;
+        }
+        i += 1;
+    }
+    (out, has_data || line_open)
+}
+
 fuzz_target!(|data: &[u8]| {
     if data.len() < 2 {
         return;
@@ -134,6 +183,7 @@ fuzz_target!(|data: &[u8]| {
         strip_usage: flags & 2 != 0,
         fill_id: (flags & 4 != 0).then(|| "chatcmpl-fuzz".to_string()),
         normalize_finish: flags & 8 != 0,
+        redact: None,
     };
     let stream = Bytes::copy_from_slice(stream);
 
@@ -179,25 +229,32 @@ fuzz_target!(|data: &[u8]| {
         rest.iter().all(|b| *b == b'\n' || *b == b'\r'),
         "unterminated tail sent: {rest:?}"
     );
+    // ... and reads, for a client with its own SSE parser, as JSON events and then [DONE].
+    let (dispatched, partial) = client_view(&whole.out);
+    assert!(!partial, "a client is left with half an event");
     let mut done = false;
-    for e in &out_events {
-        if let Some(d) = event_data(e) {
-            if d == b"[DONE]" {
-                done = true;
-            } else if !done {
-                serde_json::from_slice::<serde::de::IgnoredAny>(&d).unwrap_or_else(|err| {
-                    panic!(
-                        "non-JSON data sent ({err}): {:?}",
-                        String::from_utf8_lossy(&d)
-                    )
-                });
-            }
+    for d in &dispatched {
+        if d == b"[DONE]" {
+            done = true;
+        } else if !done {
+            serde_json::from_slice::<serde::de::IgnoredAny>(d).unwrap_or_else(|err| {
+                panic!(
+                    "non-JSON data sent ({err}): {:?}",
+                    String::from_utf8_lossy(d)
+                )
+            });
         }
     }
     assert!(
         done,
         "no [DONE] sent: {:?}",
         String::from_utf8_lossy(&whole.out)
+    );
+    // The gateway reads its own output as the client does.
+    let ours: Vec<Vec<u8>> = out_events.iter().filter_map(|e| event_data(e)).collect();
+    assert_eq!(
+        ours, dispatched,
+        "the gateway and a client read the stream differently"
     );
 
     if edits.is_passthrough() {

@@ -187,6 +187,9 @@ pub struct Edits {
     pub fill_id: Option<String>,
     /// TGI's `finish_reason: "stop_sequence"` becomes OpenAI's `"stop"`.
     pub normalize_finish: bool,
+    /// The backend's API key: replaced by `[redacted]` wherever the backend echoes it (an error
+    /// event inside a 200 stream, say). Not an edit: a stream without it stays zero-copy.
+    pub redact: Option<Arc<str>>,
 }
 
 impl Edits {
@@ -293,6 +296,27 @@ fn is_json(data: &[u8], e: &serde_json::Error) -> bool {
 }
 
 /// Apply `edits` to one JSON object (a chunk or a whole response).
+/// `bytes` with every occurrence of `secret` replaced by `[redacted]` (copied only when the
+/// secret is there).
+pub fn redact(bytes: Bytes, secret: Option<&str>) -> Bytes {
+    let Some(secret) = secret.filter(|s| !s.is_empty()) else {
+        return bytes;
+    };
+    let finder = memchr::memmem::Finder::new(secret.as_bytes());
+    if finder.find(&bytes).is_none() {
+        return bytes;
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    for i in finder.find_iter(&bytes) {
+        out.extend_from_slice(&bytes[at..i]);
+        out.extend_from_slice(b"[redacted]");
+        at = i + secret.len();
+    }
+    out.extend_from_slice(&bytes[at..]);
+    Bytes::from(out)
+}
+
 pub fn edit_json(json: &[u8], edits: &Edits) -> Option<Bytes> {
     let chunk: ChunkLite<'_> = serde_json::from_slice(json).ok()?;
     let mut splices = Vec::new();
@@ -419,6 +443,13 @@ impl<B> ObservedStream<B> {
         }
     }
 
+    /// Queue bytes that came from the backend (whole events only, so a secret cannot be split
+    /// between two calls) for the client.
+    fn send(&mut self, bytes: Bytes) {
+        let bytes = redact(bytes, self.edits.redact.as_deref());
+        self.out.push_back(bytes);
+    }
+
     fn on_data(&mut self, data: Bytes) {
         // Bytes of an unfinished event held from earlier chunks (not sent yet).
         let held = self.scanner.pending();
@@ -444,20 +475,16 @@ impl<B> ObservedStream<B> {
                     first = Some(event);
                 }
             }
-            if !invalid {
-                self.scanner.mark_scanned();
-            }
             let from_data = match first {
                 Some(f) => {
                     let skip = f.len().saturating_sub(held);
-                    self.out.push_back(f);
+                    self.send(f);
                     skip..complete.saturating_sub(held).max(skip)
                 }
                 None => 0..complete.saturating_sub(held),
             };
             if !from_data.is_empty() {
-                self.out
-                    .push_back(data.slice(from_data.start..from_data.end.min(data.len())));
+                self.send(data.slice(from_data.start..from_data.end.min(data.len())));
             }
             if invalid {
                 self.interrupt("the backend sent an event that is not JSON");
@@ -473,7 +500,7 @@ impl<B> ObservedStream<B> {
             let seen = inspect(&payload);
             if seen.invalid {
                 if !batch.is_empty() {
-                    self.out.push_back(batch.freeze());
+                    self.send(batch.freeze());
                 }
                 self.interrupt("the backend sent an event that is not JSON");
                 return;
@@ -496,9 +523,8 @@ impl<B> ObservedStream<B> {
             }
             batch.extend_from_slice(b"\n\n");
         }
-        self.scanner.mark_scanned();
         if !batch.is_empty() {
-            self.out.push_back(batch.freeze());
+            self.send(batch.freeze());
         }
     }
 
@@ -518,7 +544,7 @@ impl<B> ObservedStream<B> {
             }
         }
         if (self.saw_done || self.saw_error) && !rest.is_empty() && !rest_invalid {
-            self.out.push_back(rest);
+            self.send(rest);
             self.out.push_back(Bytes::from_static(b"\n\n"));
         }
         if !self.saw_done {
@@ -647,6 +673,65 @@ mod tests {
         assert_eq!(whole_usage(br#"{"usage":5}"#).ok(), Some(None));
     }
 
+    /// A backend that echoes the key Sluice sent it inside a 200 stream (an error event, a
+    /// chunk): the client sees `[redacted]`, whether the stream is edited or passed through
+    /// and however the backend's chunks cut the events.
+    #[tokio::test]
+    async fn backend_key_echoed_in_a_stream_is_redacted() {
+        use http_body_util::BodyExt;
+        let config = crate::config::from_str(
+            "[[backends]]\nname = \"b\"\nkind = \"vllm\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n",
+            "t",
+        )
+        .unwrap();
+        let backend = Arc::new(Backend::new(
+            config.backends[0].clone(),
+            Arc::new(crate::fleet::BackendState::new()),
+        ));
+        let stream: &[u8] = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n\
+            data: {\"error\":{\"message\":\"worker lost (auth Bearer sk-be-1; again sk-be-1)\"}}\n\n\
+            data: [DONE]\n\n";
+        for rename in [None, Some("client-m".to_string())] {
+            for cut in [0, 20, 70, 95, stream.len()] {
+                let chunks: Vec<Result<http_body::Frame<Bytes>, Infallible>> =
+                    [&stream[..cut], &stream[cut..]]
+                        .into_iter()
+                        .filter(|c| !c.is_empty())
+                        .map(|c| Ok(http_body::Frame::data(Bytes::copy_from_slice(c))))
+                        .collect();
+                let body = http_body_util::StreamBody::new(futures_util::stream::iter(chunks));
+                let observed = ObservedStream::new(
+                    body,
+                    Edits {
+                        rename_model: rename.clone(),
+                        redact: Some(Arc::from("sk-be-1")),
+                        ..Edits::default()
+                    },
+                    Duration::from_secs(60),
+                    backend.clone(),
+                    config.health.clone(),
+                    Settle::new(AccessRecord::new("r".into(), "chat", Instant::now())),
+                );
+                let out = observed.collect().await.unwrap().to_bytes();
+                let text = String::from_utf8_lossy(&out);
+                assert!(!text.contains("sk-be-1"), "{rename:?} cut {cut}: {text}");
+                assert!(
+                    text.contains("auth Bearer [redacted]; again [redacted]"),
+                    "{text}"
+                );
+                assert!(text.contains("\"hi\"") && text.ends_with("data: [DONE]\n\n"));
+            }
+        }
+        assert_eq!(
+            &redact(Bytes::from_static(b"a sk-1 b"), None)[..],
+            b"a sk-1 b"
+        );
+        assert_eq!(
+            &redact(Bytes::from_static(b"a sk-1 b"), Some(""))[..],
+            b"a sk-1 b"
+        );
+    }
+
     /// Found by fuzzing (fuzz/, target sse_observer): an error event cut by the end of the
     /// body was sent without its blank line, so the `[DONE]` after it joined its data.
     #[tokio::test]
@@ -708,6 +793,7 @@ mod tests {
             fill_id: Some("chatcmpl-x".into()),
             normalize_finish: true,
             strip_usage: false,
+            redact: None,
         };
         let out = edit_json(
             br#"{"id":"","model":"llama-3.1-8b","choices":[{"finish_reason":"stop_sequence"}]}"#,

@@ -1,12 +1,14 @@
 //! Incremental Server-Sent Events framing.
 //!
 //! [`SseScanner`] is fed chunks as they arrive and yields complete events (the bytes up to and
-//! including the blank line that ends them). It accepts `\n`, `\r\n` and `\r` line ends, `data:`
-//! with or without the space (TGI omits it), and comment lines. Only the unfinished tail of the
-//! stream is buffered, and it is capped: a backend that never ends an event cannot grow memory
-//! without bound.
+//! including the blank line that ends them). Lines end as the SSE spec says: `\r\n`, `\n` or
+//! a lone `\r`, so the gateway reads an event exactly as an SDK client would (a `\r` ending a
+//! line at the end of a chunk waits for the next byte: it may be the first half of `\r\n`). `data:` with or
+//! without the space (TGI omits it) and comment lines are accepted. Only the unfinished tail of
+//! the stream is buffered, and it is capped: a backend that never ends an event cannot grow
+//! memory without bound. Each byte is searched once, however the stream is split.
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 
 /// Largest event accepted; beyond this the stream is treated as broken.
 pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
@@ -14,8 +16,12 @@ pub const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
 #[derive(Debug, Default)]
 pub struct SseScanner {
     buf: BytesMut,
-    /// Bytes of `buf` already searched for an event end.
-    scanned: usize,
+    /// Where the unfinished line of the buffered event starts.
+    line_start: usize,
+    /// Bytes of `buf` before this hold no line end not accounted for.
+    search_from: usize,
+    /// Lines of the buffered event ended so far.
+    lines: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -38,8 +44,10 @@ impl SseScanner {
 
     /// The next complete event, raw (terminator included).
     pub fn next_event(&mut self) -> Option<Bytes> {
-        let end = find_event_end(&self.buf, self.scanned.saturating_sub(3))?;
-        self.scanned = 0;
+        let end = self.find_event_end()?;
+        self.line_start = 0;
+        self.search_from = 0;
+        self.lines = 0;
         Some(self.buf.split_to(end).freeze())
     }
 
@@ -50,56 +58,92 @@ impl SseScanner {
 
     /// Take whatever is buffered (at end of stream).
     pub fn take_rest(&mut self) -> Bytes {
-        self.scanned = 0;
+        self.line_start = 0;
+        self.search_from = 0;
+        self.lines = 0;
         let n = self.buf.len();
-        let out = self.buf.split_to(n).freeze();
-        self.buf.advance(0);
-        out
+        self.buf.split_to(n).freeze()
     }
 
-    /// Mark everything buffered as searched (call when `next_event` returned `None`).
-    pub fn mark_scanned(&mut self) {
-        self.scanned = self.buf.len();
-    }
-}
-
-/// Offset just past the first blank line (event end) at or after `from`.
-fn find_event_end(buf: &[u8], from: usize) -> Option<usize> {
-    let mut i = from;
-    while i < buf.len() {
-        match buf[i] {
-            b'\n' => {
-                // "\n\n" or "\n\r\n"
-                if buf.get(i + 1) == Some(&b'\n') {
-                    return Some(i + 2);
-                }
-                if buf.get(i + 1) == Some(&b'\r') && buf.get(i + 2) == Some(&b'\n') {
-                    return Some(i + 3);
-                }
+    /// Offset just past the blank line that ends the buffered event, if it has arrived.
+    /// A blank line before any other line of an event starts it (it dispatches nothing, as
+    /// for a client), so stray line ends travel with the event that follows them.
+    fn find_event_end(&mut self) -> Option<usize> {
+        loop {
+            let rel = memchr::memchr2(b'\r', b'\n', &self.buf[self.search_from..]);
+            let Some(rel) = rel else {
+                self.search_from = self.buf.len();
+                return None;
+            };
+            let at = self.search_from + rel;
+            if at == self.line_start && self.lines > 0 {
+                // A blank line ends the event at its first byte. The `\n` of a `\r\n` then
+                // leads the next event (a blank line there, which dispatches nothing), so the
+                // cut does not depend on where the stream was split.
+                return Some(at + 1);
             }
-            // "\r\r" ("\r\n\r\n" is caught at its '\n')
-            b'\r' if buf.get(i + 1) == Some(&b'\r') => return Some(i + 2),
-            _ => {}
+            let len = if self.buf[at] == b'\n' {
+                1
+            } else {
+                match self.buf.get(at + 1) {
+                    Some(b'\n') => 2,
+                    Some(_) => 1,
+                    // The line's `\r` may be the first half of a `\r\n`: wait for the next byte.
+                    None => {
+                        self.search_from = at;
+                        return None;
+                    }
+                }
+            };
+            self.lines += 1;
+            self.line_start = at + len;
+            self.search_from = at + len;
         }
-        i += 1;
     }
-    None
 }
 
-/// The data of an event: its `data:` lines joined with `\n` (one leading space stripped per
+/// The lines of `event` without their line ends (`\r\n`, `\n` or `\r`).
+pub fn lines(event: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(event);
+    std::iter::from_fn(move || {
+        let cur = rest?;
+        match memchr::memchr2(b'\r', b'\n', cur) {
+            None => {
+                rest = None;
+                (!cur.is_empty()).then_some(cur)
+            }
+            Some(i) => {
+                let len = if cur[i] == b'\r' && cur.get(i + 1) == Some(&b'\n') {
+                    2
+                } else {
+                    1
+                };
+                rest = Some(&cur[i + len..]);
+                Some(&cur[..i])
+            }
+        }
+    })
+}
+
+/// The value of a `data` field line (`data:value`, `data: value` or a bare `data`).
+fn data_value(line: &[u8]) -> Option<&[u8]> {
+    if line == b"data" {
+        return Some(b"");
+    }
+    let rest = line.strip_prefix(b"data:")?;
+    Some(rest.strip_prefix(b" ").unwrap_or(rest))
+}
+
+/// The data of an event: its `data` lines joined with `\n` (one leading space stripped per
 /// line, as the SSE spec and the OpenAI SDK do). `None` for events without data (comments).
 pub fn event_data(event: &[u8]) -> Option<Vec<u8>> {
     let mut out: Option<Vec<u8>> = None;
-    for line in event.split(|b| *b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if let Some(rest) = line.strip_prefix(b"data:") {
-            let rest = rest.strip_prefix(b" ").unwrap_or(rest);
-            match &mut out {
-                None => out = Some(rest.to_vec()),
-                Some(v) => {
-                    v.push(b'\n');
-                    v.extend_from_slice(rest);
-                }
+    for value in lines(event).filter_map(data_value) {
+        match &mut out {
+            None => out = Some(value.to_vec()),
+            Some(v) => {
+                v.push(b'\n');
+                v.extend_from_slice(value);
             }
         }
     }
@@ -110,7 +154,7 @@ pub fn event_data(event: &[u8]) -> Option<Vec<u8>> {
 pub fn event_data_borrowed(event: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
     let trimmed = trim_end_newlines(event);
     if let Some(rest) = trimmed.strip_prefix(b"data:") {
-        if !rest.contains(&b'\n') && !rest.contains(&b'\r') {
+        if memchr::memchr2(b'\n', b'\r', rest).is_none() {
             let rest = rest.strip_prefix(b" ").unwrap_or(rest);
             return Some(std::borrow::Cow::Borrowed(rest));
         }
@@ -138,7 +182,6 @@ mod tests {
             while let Some(e) = s.next_event() {
                 out.push(e.to_vec());
             }
-            s.mark_scanned();
         }
         out
     }
@@ -172,6 +215,52 @@ mod tests {
         );
     }
 
+    /// Every way of splitting `stream` into two chunks yields the same events.
+    fn same_split_anywhere(stream: &[u8]) -> Vec<Vec<u8>> {
+        let whole = events(&[stream]);
+        for cut in 0..=stream.len() {
+            assert_eq!(
+                events(&[&stream[..cut], &stream[cut..]]),
+                whole,
+                "cut at {cut}"
+            );
+        }
+        let bytewise: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(events(&bytewise), whole, "byte by byte");
+        whole
+    }
+
+    #[test]
+    fn a_lone_cr_ends_a_line_as_it_does_for_clients() {
+        // One event, two data lines, joined by a lone CR.
+        let got = same_split_anywhere(b"data: {\"a\":1}\rdata: 2\n\n");
+        assert_eq!(got.len(), 1);
+        assert_eq!(event_data(&got[0]).unwrap(), b"{\"a\":1}\n2");
+        assert_eq!(&*event_data_borrowed(&got[0]).unwrap(), b"{\"a\":1}\n2");
+        // LF then a lone CR is a blank line: two events.
+        let got = same_split_anywhere(b"data: 1\n\rdata: 2\r\n\r\n");
+        assert_eq!(got.len(), 2);
+        assert_eq!(event_data(&got[0]).unwrap(), b"1");
+        assert_eq!(event_data(&got[1]).unwrap(), b"2");
+        // CRLF is one line end, also split across chunks: not a blank line.
+        let got = same_split_anywhere(b"data: 1\r\ndata: 2\r\n\r\ndata: 3\n\n");
+        assert_eq!(got.len(), 2);
+        assert_eq!(event_data(&got[0]).unwrap(), b"1\n2");
+        // Mixed line ends: CR CR, LF LF, CRLF LF.
+        let got = same_split_anywhere(b"data: a\r\rdata: b\n\ndata: c\r\n\n");
+        assert_eq!(got.len(), 3);
+        // A bare `data` line is an empty data line.
+        assert_eq!(event_data(b"data\ndata: x\n\n").unwrap(), b"\nx");
+    }
+
+    #[test]
+    fn stray_blank_lines_dispatch_nothing() {
+        let got = same_split_anywhere(b"data: 1\n\n\n\rdata: 2\n\n\n");
+        let data: Vec<Vec<u8>> = got.iter().filter_map(|e| event_data(e)).collect();
+        assert_eq!(data, vec![b"1".to_vec(), b"2".to_vec()]);
+        assert_eq!(got.concat(), b"data: 1\n\n\n\rdata: 2\n\n".to_vec());
+    }
+
     #[test]
     fn caps_an_endless_event() {
         let mut s = SseScanner::new();
@@ -183,7 +272,6 @@ mod tests {
                 break;
             }
             assert!(s.next_event().is_none());
-            s.mark_scanned();
         }
         assert!(failed);
     }
