@@ -18,8 +18,18 @@ the timing model above, checked by `--calibrate`).
 
 Each policy gets a fresh fleet and gateway, a warm-up (not measured) and a measured window.
 Reports p50/p99 TTFT, p50/p99 end-to-end latency, throughput, per-backend share and the
-prefix-cache hit rate (from the simulators' /sim/state), prints a table and writes JSON to
-bench/results/routing.json.
+prefix-cache hit rate, prints a table, writes JSON to bench/results/routing.json and a chart to
+bench/results/routing.svg.
+
+Two prefix-cache hit rates:
+  overall    cached / all prompt tokens, from the simulators' /sim/state counters (all
+             backends, warm-up included). Only the "shared" class can hit, and long prompts
+             dominate the token count, so its ceiling is about 30%.
+  per class  from each measured request's own usage: the vLLM sims run with
+             --enable-prompt-tokens-details, so usage.prompt_tokens_details.cached_tokens says
+             how many of its prompt tokens were cached (absent = 0, as vLLM leaves it out then).
+             The requests ask for stream_options.include_usage, so the usage chunk reaches the
+             client. TGI reports no cached tokens: its requests are left out of these rates.
 
 Usage:
   python3 bench/routing/bench.py                  # full run (~4-5 minutes)
@@ -33,6 +43,7 @@ import json
 import os
 import platform
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -78,6 +89,10 @@ WORDS = ("the of and to in is was for on that with as by at from his her an be t
          "people how too little good very world still own see men work long here between both "
          "life being under never day same another know while last might us great old year off "
          "come since against go came right used take three").split()
+
+
+# vLLM reports each request's prefix-cache hit in its usage when started with this flag.
+VLLM_FLAGS = ["--enable-prompt-tokens-details"]
 
 
 def free_port():
@@ -159,16 +174,34 @@ def workload(seed, n):
             msgs = [{"role": "user", "content": f"[{k}] " + text(rng, rng.randint(3000, 6000))}]
             max_tokens = 512
         body = json.dumps({"model": "m", "stream": True, "max_tokens": max_tokens,
+                           "stream_options": {"include_usage": True},
                            "messages": msgs}).encode()
         reqs.append((kind, body))
     return reqs
 
 
+def usage_in(tail):
+    """(prompt_tokens, cached_tokens) from the usage chunk at the end of a stream (the raw
+    socket bytes may carry chunked-encoding size lines, so this looks for the fields)."""
+    at = tail.rfind(b'"usage":{')
+    if at < 0:
+        return None, None
+    usage = tail[at:at + 400]
+    end = usage.find(b"}}")  # the usage object ends before its chunk's closing brace
+    usage = usage[:end + 2] if end >= 0 else usage
+    m = re.search(rb'"prompt_tokens":(\d+)', usage)
+    if not m:
+        return None, None
+    c = re.search(rb'"cached_tokens":(\d+)', usage)
+    return int(m.group(1)), int(c.group(1)) if c else 0
+
+
 async def one(port, body, timeout):
-    """Send one streamed request; returns (ok, ttft, e2e, backend)."""
+    """Send one streamed request; returns (ok, ttft, e2e, backend, prompt_tokens, cached)."""
     start = time.perf_counter()
     ttft = None
     backend = None
+    tail = b""
     try:
         r, w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
         w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\n"
@@ -186,6 +219,7 @@ async def one(port, body, timeout):
             chunk = await asyncio.wait_for(r.read(65536), max(0.1, deadline - time.perf_counter()))
             if not chunk:
                 break
+            tail = (tail + chunk)[-8192:]
             if ttft is None:
                 buf += chunk
                 i = 0
@@ -202,9 +236,10 @@ async def one(port, body, timeout):
                     buf = buf[-4096:]
         w.close()
         ok = status == 200 and ttft is not None
-        return ok, ttft, time.perf_counter() - start, backend
+        prompt, cached = usage_in(tail)
+        return ok, ttft, time.perf_counter() - start, backend, prompt, cached
     except Exception:
-        return False, None, time.perf_counter() - start, backend
+        return False, None, time.perf_counter() - start, backend, None, None
 
 
 def pct(values, p):
@@ -229,10 +264,11 @@ async def drive(port, reqs, rate, warmup_s, seed, timeout):
         measured = at >= warmup_s
 
         async def run(kind=kind, body=body, measured=measured):
-            ok, ttft, e2e, backend = await one(port, body, timeout)
+            ok, ttft, e2e, backend, prompt, cached = await one(port, body, timeout)
             if measured:
                 results.append({"kind": kind, "ok": ok, "ttft": ttft, "e2e": e2e,
-                                "backend": backend, "end": time.perf_counter() - t0})
+                                "backend": backend, "end": time.perf_counter() - t0,
+                                "prompt_tokens": prompt, "cached_tokens": cached})
         tasks.append(asyncio.ensure_future(run()))
     sent_until = time.perf_counter() - t0
     await asyncio.gather(*tasks)
@@ -261,8 +297,9 @@ def run_policy(binary, policy, args, reqs, rate, tmp):
         ports = {}
         for name, kind, extra in FLEET:
             port = free_port()
+            flags = VLLM_FLAGS if kind == "vllm" else []
             procs.start([binary, "sim", "--kind", kind, "--port", str(port), "--model", "m",
-                         "--speed", str(args.speed), *COMMON, *extra])
+                         "--speed", str(args.speed), *COMMON, *extra, *flags])
             ports[name] = (kind, port)
         for name, (kind, port) in ports.items():
             wait_http(f"http://127.0.0.1:{port}/health")
@@ -300,11 +337,30 @@ def run_policy(binary, policy, args, reqs, rate, tmp):
     for r in ok:
         share[r["backend"] or "?"] = share.get(r["backend"] or "?", 0) + 1
     measured_span = max((r["end"] for r in ok), default=1.0) - args.warmup
+    vllm = {n for n, kind, _ in FLEET if kind == "vllm"}
+
+    def hit_rate(rs):
+        # requests served by a backend that reports cached tokens (vLLM with details on)
+        rep = [r for r in rs if r["backend"] in vllm and r["prompt_tokens"]]
+        prompt = sum(r["prompt_tokens"] for r in rep)
+        cached = sum(r["cached_tokens"] or 0 for r in rep)
+        return (cached / prompt if prompt else None), len(rep)
+
     by_kind = {}
     for kind in ("short", "shared", "long"):
         k = [r for r in ok if r["kind"] == kind]
+        rate, reported = hit_rate(k)
         by_kind[kind] = {"n": len(k), "p99_ttft_s": pct([r["ttft"] for r in k], 99),
-                         "p50_ttft_s": pct([r["ttft"] for r in k], 50)}
+                         "p50_ttft_s": pct([r["ttft"] for r in k], 50),
+                         "p99_e2e_s": pct([r["e2e"] for r in k], 99),
+                         "prefix_hit_rate": rate, "hit_rate_requests": reported}
+    measured_hit, _ = hit_rate(ok)
+    by_backend = {}
+    for name in sorted({r["backend"] or "?" for r in ok}):
+        k = [r for r in ok if (r["backend"] or "?") == name]
+        by_backend[name] = {"n": len(k), "p99_ttft_s": pct([r["ttft"] for r in k], 99),
+                            "kinds": {c: sum(1 for r in k if r["kind"] == c)
+                                      for c in ("short", "shared", "long")}}
     speeds = {}
     if admin_view:
         for b in admin_view.get("backends", []):
@@ -326,12 +382,94 @@ def run_policy(binary, policy, args, reqs, rate, tmp):
         "throughput_rps": len(ok) / max(measured_span, 1e-9),
         "share": {k: round(v / max(len(ok), 1), 3) for k, v in sorted(share.items())},
         "prefix_cache_hit_rate": hits / queries if queries else None,
+        "prefix_cache_hit_rate_measured": measured_hit,
         "prefix_cache_per_backend": per_sim,
         "by_kind": by_kind,
+        "by_backend": by_backend,
         "learned": speeds,
         "wall_s": wall,
         "sent_for_s": sent_until,
     }
+
+
+def chart(results, doc):
+    """A plain SVG: p50 and p99 TTFT (log scale) and prefix-cache hit rates per policy."""
+    import math
+    colors = {"round-robin": "#9e9e9e", "least-request": "#5b8def",
+              "token-aware": "#2e7d32", "prefix-affinity": "#e08a1e"}
+    w, h, top, bottom = 900, 360, 50, 300
+    panels = [("p50 TTFT (s, log)", "p50_ttft_s", True), ("p99 TTFT (s, log)", "p99_ttft_s", True),
+              ("prefix-cache hit: shared class / all tokens", None, False)]
+    pw = w / len(panels)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+           f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">',
+           f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="14">Routing policies, '
+           f'{doc["rate_rps"]:.0f} req/s on a heterogeneous fleet (speed {doc["args"]["speed"]})'
+           f'</text>']
+    n = max(len(results), 1)
+    for p, (title, key, log) in enumerate(panels):
+        x0 = p * pw + 40
+        inner = pw - 60
+        out.append(f'<text x="{x0 + inner / 2}" y="40" text-anchor="middle">{title}</text>')
+        out.append(f'<line x1="{x0}" y1="{bottom}" x2="{x0 + inner}" y2="{bottom}" stroke="#333"/>')
+        out.append(f'<line x1="{x0}" y1="{top}" x2="{x0}" y2="{bottom}" stroke="#333"/>')
+        if log:
+            vals = [r[key] for r in results if r.get(key)]
+            lo = 10 ** math.floor(math.log10(min(vals))) if vals else 0.01
+            hi = 10 ** math.ceil(math.log10(max(vals))) if vals else 10
+            if hi <= lo:
+                hi = lo * 10
+
+            def y(v, lo=lo, hi=hi):
+                return bottom - (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * (bottom - top)
+            t = lo
+            while t <= hi * 1.0001:
+                out.append(f'<line x1="{x0 - 3}" y1="{y(t):.1f}" x2="{x0 + inner}" y2="{y(t):.1f}" '
+                           f'stroke="#eee"/><text x="{x0 - 5}" y="{y(t) + 4:.1f}" '
+                           f'text-anchor="end">{t:g}</text>')
+                t *= 10
+            bw = inner / n * 0.7
+            for i, r in enumerate(results):
+                v = r.get(key)
+                if not v:
+                    continue
+                bx = x0 + inner / n * (i + 0.15)
+                out.append(f'<rect x="{bx:.1f}" y="{y(v):.1f}" width="{bw:.1f}" '
+                           f'height="{bottom - y(v):.1f}" fill="{colors.get(r["policy"], "#777")}"/>')
+                out.append(f'<text x="{bx + bw / 2:.1f}" y="{y(v) - 3:.1f}" '
+                           f'text-anchor="middle">{v:.2f}</text>')
+        else:
+            def y(v):
+                return bottom - v * (bottom - top)
+            for t in (0, 0.25, 0.5, 0.75, 1.0):
+                out.append(f'<line x1="{x0 - 3}" y1="{y(t):.1f}" x2="{x0 + inner}" y2="{y(t):.1f}" '
+                           f'stroke="#eee"/><text x="{x0 - 5}" y="{y(t) + 4:.1f}" '
+                           f'text-anchor="end">{t:.0%}</text>')
+            bw = inner / n * 0.35
+            for i, r in enumerate(results):
+                shared = r["by_kind"]["shared"]["prefix_hit_rate"] or 0.0
+                overall = r.get("prefix_cache_hit_rate") or 0.0
+                bx = x0 + inner / n * (i + 0.12)
+                c = colors.get(r["policy"], "#777")
+                out.append(f'<rect x="{bx:.1f}" y="{y(shared):.1f}" width="{bw:.1f}" '
+                           f'height="{bottom - y(shared):.1f}" fill="{c}"/>')
+                out.append(f'<text x="{bx + bw / 2:.1f}" y="{y(shared) - 3:.1f}" '
+                           f'text-anchor="middle">{shared:.0%}</text>')
+                out.append(f'<rect x="{bx + bw:.1f}" y="{y(overall):.1f}" width="{bw:.1f}" '
+                           f'height="{bottom - y(overall):.1f}" fill="{c}" fill-opacity="0.4"/>')
+                out.append(f'<text x="{bx + 1.5 * bw:.1f}" y="{y(overall) - 3:.1f}" '
+                           f'text-anchor="middle">{overall:.0%}</text>')
+    for i, r in enumerate(results):
+        lx = 40 + i * 200
+        out.append(f'<rect x="{lx}" y="{h - 38}" width="12" height="12" '
+                   f'fill="{colors.get(r["policy"], "#777")}"/>'
+                   f'<text x="{lx + 16}" y="{h - 28}">{r["policy"]}</text>')
+    out.append(f'<text x="40" y="{h - 8}" fill="#555">hit-rate panel: solid = shared-system-prompt '
+               f'requests (per-request cached_tokens), pale = all prompt tokens (engine counters)'
+               f'</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
 
 
 def fmt(v, unit=""):
@@ -373,7 +511,8 @@ def main():
             out.append(r)
             print(f"{p:16} ok {r['ok']:5} err {r['errors']:3}  TTFT p50 {fmt(r['p50_ttft_s'])} "
                   f"p99 {fmt(r['p99_ttft_s'])}  e2e p50 {fmt(r['p50_e2e_s'])} p99 {fmt(r['p99_e2e_s'])}  "
-                  f"{r['throughput_rps']:.1f} req/s  prefix hit {fmt(r['prefix_cache_hit_rate'])}  "
+                  f"{r['throughput_rps']:.1f} req/s  prefix hit {fmt(r['prefix_cache_hit_rate'])} "
+                  f"(shared class {fmt(r['by_kind']['shared']['prefix_hit_rate'])})  "
                   f"share {r['share']}", flush=True)
     by = {r["policy"]: r for r in out}
     ratios = {}
@@ -385,6 +524,12 @@ def main():
         pa = by.get("prefix-affinity")
         if pa and pa["p99_ttft_s"]:
             ratios["prefix-affinity/token-aware p99 TTFT"] = pa["p99_ttft_s"] / ta["p99_ttft_s"]
+    rr, pa = by.get("round-robin"), by.get("prefix-affinity")
+    if rr and pa:
+        a = pa["by_kind"]["shared"]["prefix_hit_rate"]
+        b = rr["by_kind"]["shared"]["prefix_hit_rate"]
+        if a is not None and b:
+            ratios["prefix-affinity/round-robin shared-class hit rate"] = a / b
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}")
     doc = {
@@ -400,7 +545,10 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=2)
-    print(f"wrote {os.path.relpath(args.out, ROOT)}")
+    svg = args.out[:-len(".json")] + ".svg" if args.out.endswith(".json") else args.out + ".svg"
+    with open(svg, "w") as f:
+        f.write(chart(out, doc))
+    print(f"wrote {os.path.relpath(args.out, ROOT)} and {os.path.relpath(svg, ROOT)}")
 
 
 if __name__ == "__main__":

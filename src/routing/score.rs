@@ -96,8 +96,17 @@ pub fn slots(b: &Backend) -> f64 {
     let sig = b.state.signals.load();
     // What the engine was seen running at most (its real batch limit) beats any announced
     // admission limit (TGI's max_concurrent_requests admits more than it batches).
+    // Learned from "running while others wait", which also holds for a moment whenever a
+    // request arrives during an engine step (it waits for the next scheduling round) or the KV
+    // cache, not the batch, is full: it can read low. What the engine runs right now is a
+    // batch it demonstrably holds, so it is a floor.
     if let Some(s) = sig.learned_slots {
-        return (s as f64).max(1.0);
+        let running = if sig.fresh() {
+            sig.total.map_or(0.0, |t| t.running)
+        } else {
+            0.0
+        };
+        return (s as f64).max(running).max(1.0);
     }
     if let Some(c) = b.cap() {
         return (c as f64).max(1.0);
@@ -381,5 +390,29 @@ mod tests {
         assert!(s.penalty_seconds >= COLD_LOAD_SECONDS);
         let v = backend(BackendKind::Vllm, None);
         assert_eq!(warm(&v, "m"), None);
+    }
+
+    #[test]
+    fn a_batch_running_now_is_a_floor_under_learned_slots() {
+        let b = backend(BackendKind::Vllm, None);
+        let load = ModelLoad {
+            running: 12.0,
+            waiting: 1.0,
+            kv_usage: Some(0.3),
+        };
+        let mut sig = Signals {
+            at_ms: crate::fleet::backend::now_ms().max(1),
+            interval_ms: 1000,
+            // learned when a full KV cache held the batch at 4
+            learned_slots: Some(4),
+            total: Some(load),
+            ..Signals::default()
+        };
+        sig.per_model.insert("m".into(), load);
+        b.state.signals.store(Arc::new(sig));
+        let s = breakdown(&b, "m", REQ, PRIOR);
+        assert_eq!(s.slots, 12.0, "{s:?}");
+        // 13 in the engine plus this one on 12 slots: 2 queued ahead, not 10
+        assert_eq!(s.queued_ahead, 2.0, "{s:?}");
     }
 }
