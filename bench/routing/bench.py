@@ -536,7 +536,9 @@ def main():
         "bench": "routing",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "args": vars(args),
+        # paths relative to the repository, so no machine's directories end up in results
+        "args": {k: (os.path.relpath(v, ROOT) if k in ("binary", "out") else v)
+                 for k, v in vars(args).items()},
         "rate_rps": rate,
         "fleet": [{"name": n, "kind": k, "flags": f} for n, k, f in FLEET],
         "results": out,

@@ -53,6 +53,9 @@
 //! - vLLM: every `--model` is a served alias of one engine (`--served-model-name a b`): any
 //!   alias (or no `model`) is accepted, responses and the `model_name` metrics label use the
 //!   first name, and an unknown name gets 404 "The model `x` does not exist. Valid aliases: a, b.".
+//!   With `--enable-prompt-tokens-details` (off by default, as in vLLM) the usage of a request
+//!   whose prompt hit the prefix cache carries `prompt_tokens_details.cached_tokens` (whole
+//!   answer and streamed usage chunk; left out on a miss, as vLLM does).
 //! - TGI: one model (`model_id` = the first name); the Messages API echoes whatever `model` the
 //!   client sent.
 //! - Ollama: real separate models (`name:tag`, `:latest` by default), each with its own
