@@ -122,7 +122,9 @@ def sim(procs, binary, extra=()):
 
 def sluice_config(port, backends, full):
     import hashlib
-    lines = [f'[server]\nlisten = "127.0.0.1:{port}"\n',
+    # Every bench client shares one address, so the per-address connection cap (default 1000)
+    # is lifted for the 10,000-stream run.
+    lines = [f'[server]\nlisten = "127.0.0.1:{port}"\nmax_connections_per_ip = 20000\n',
              '[routing]\npolicy = "token-aware"\n' if full else '[routing]\npolicy = "round-robin"\n',
              '[timeouts]\nidle = "600s"\nfirst_byte = "600s"\n']
     for i, b in enumerate(backends):
