@@ -152,7 +152,7 @@ pub fn event_data(event: &[u8]) -> Option<Vec<u8>> {
 
 /// The single `data:` payload of the common one-line event, borrowed when possible.
 pub fn event_data_borrowed(event: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
-    let trimmed = trim_end_newlines(event);
+    let trimmed = trim_newlines(event);
     if let Some(rest) = trimmed.strip_prefix(b"data:") {
         if memchr::memchr2(b'\n', b'\r', rest).is_none() {
             let rest = rest.strip_prefix(b" ").unwrap_or(rest);
@@ -162,12 +162,13 @@ pub fn event_data_borrowed(event: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
     event_data(event).map(std::borrow::Cow::Owned)
 }
 
-fn trim_end_newlines(b: &[u8]) -> &[u8] {
-    let mut end = b.len();
-    while end > 0 && (b[end - 1] == b'\n' || b[end - 1] == b'\r') {
-        end -= 1;
-    }
-    &b[..end]
+/// `b` without the line ends around it (an event ends with them; after a `\r\n` blank line
+/// the next event starts with the `\n`).
+fn trim_newlines(b: &[u8]) -> &[u8] {
+    let is_end = |c: &u8| *c == b'\n' || *c == b'\r';
+    let start = b.iter().position(|c| !is_end(c)).unwrap_or(b.len());
+    let end = b.iter().rposition(|c| !is_end(c)).map_or(start, |i| i + 1);
+    &b[start..end]
 }
 
 #[cfg(test)]
@@ -246,6 +247,11 @@ mod tests {
         let got = same_split_anywhere(b"data: 1\r\ndata: 2\r\n\r\ndata: 3\n\n");
         assert_eq!(got.len(), 2);
         assert_eq!(event_data(&got[0]).unwrap(), b"1\n2");
+        assert_eq!(got[1], b"\ndata: 3\n\n".to_vec());
+        assert!(matches!(
+            event_data_borrowed(&got[1]),
+            Some(std::borrow::Cow::Borrowed(b"3"))
+        ));
         // Mixed line ends: CR CR, LF LF, CRLF LF.
         let got = same_split_anywhere(b"data: a\r\rdata: b\n\ndata: c\r\n\n");
         assert_eq!(got.len(), 3);
