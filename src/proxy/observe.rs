@@ -295,7 +295,6 @@ fn is_json(data: &[u8], e: &serde_json::Error) -> bool {
     e.is_data() && serde_json::from_slice::<serde::de::IgnoredAny>(data).is_ok()
 }
 
-/// Apply `edits` to one JSON object (a chunk or a whole response).
 /// `bytes` with every occurrence of `secret` replaced by `[redacted]` (copied only when the
 /// secret is there).
 pub fn redact(bytes: Bytes, secret: Option<&str>) -> Bytes {
@@ -317,6 +316,7 @@ pub fn redact(bytes: Bytes, secret: Option<&str>) -> Bytes {
     Bytes::from(out)
 }
 
+/// Apply `edits` to one JSON object (a chunk or a whole response).
 pub fn edit_json(json: &[u8], edits: &Edits) -> Option<Bytes> {
     let chunk: ChunkLite<'_> = serde_json::from_slice(json).ok()?;
     let mut splices = Vec::new();
