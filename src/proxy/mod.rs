@@ -434,7 +434,7 @@ async fn proxy(
             } else {
                 whole
             };
-        let whole = observe::redact(whole, edits.redact.as_deref());
+        let whole = observe::Redactor::new(edits.redact.as_deref()).apply(whole);
         settle.finish();
         let mut response = Response::new(Body::new(Full::new(whole)));
         *response.status_mut() = status;

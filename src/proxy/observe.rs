@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use memchr::memmem;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::time::Sleep;
@@ -295,25 +296,39 @@ fn is_json(data: &[u8], e: &serde_json::Error) -> bool {
     e.is_data() && serde_json::from_slice::<serde::de::IgnoredAny>(data).is_ok()
 }
 
-/// `bytes` with every occurrence of `secret` replaced by `[redacted]` (copied only when the
-/// secret is there).
-pub fn redact(bytes: Bytes, secret: Option<&str>) -> Bytes {
-    let Some(secret) = secret.filter(|s| !s.is_empty()) else {
-        return bytes;
-    };
-    let finder = memchr::memmem::Finder::new(secret.as_bytes());
-    if finder.find(&bytes).is_none() {
-        return bytes;
+/// Replaces a secret by `[redacted]` in what goes to the client; built once per answer, so
+/// the searcher is not rebuilt per chunk.
+#[derive(Debug)]
+pub struct Redactor(Option<memmem::Finder<'static>>);
+
+impl Redactor {
+    /// Redacts `secret` (nothing when it is absent or empty).
+    pub fn new(secret: Option<&str>) -> Redactor {
+        Redactor(
+            secret
+                .filter(|s| !s.is_empty())
+                .map(|s| memmem::Finder::new(s.as_bytes()).into_owned()),
+        )
     }
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut at = 0;
-    for i in finder.find_iter(&bytes) {
-        out.extend_from_slice(&bytes[at..i]);
-        out.extend_from_slice(b"[redacted]");
-        at = i + secret.len();
+
+    /// `bytes` with every occurrence of the secret replaced (copied only when it is there).
+    pub fn apply(&self, bytes: Bytes) -> Bytes {
+        let Some(finder) = &self.0 else {
+            return bytes;
+        };
+        if finder.find(&bytes).is_none() {
+            return bytes;
+        }
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut at = 0;
+        for i in finder.find_iter(&bytes) {
+            out.extend_from_slice(&bytes[at..i]);
+            out.extend_from_slice(b"[redacted]");
+            at = i + finder.needle().len();
+        }
+        out.extend_from_slice(&bytes[at..]);
+        Bytes::from(out)
     }
-    out.extend_from_slice(&bytes[at..]);
-    Bytes::from(out)
 }
 
 /// Apply `edits` to one JSON object (a chunk or a whole response).
@@ -383,6 +398,7 @@ pub struct ObservedStream<B = Incoming> {
     idle: Duration,
     idle_timer: Pin<Box<Sleep>>,
     out: VecDeque<Bytes>,
+    redactor: Redactor,
     phase: Phase,
     saw_done: bool,
     saw_text: bool,
@@ -405,6 +421,7 @@ impl<B> ObservedStream<B> {
         ObservedStream {
             upstream,
             scanner: SseScanner::new(),
+            redactor: Redactor::new(edits.redact.as_deref()),
             edits,
             idle,
             idle_timer: Box::pin(tokio::time::sleep(idle)),
@@ -446,7 +463,7 @@ impl<B> ObservedStream<B> {
     /// Queue bytes that came from the backend (whole events only, so a secret cannot be split
     /// between two calls) for the client.
     fn send(&mut self, bytes: Bytes) {
-        let bytes = redact(bytes, self.edits.redact.as_deref());
+        let bytes = self.redactor.apply(bytes);
         self.out.push_back(bytes);
     }
 
@@ -673,12 +690,8 @@ mod tests {
         assert_eq!(whole_usage(br#"{"usage":5}"#).ok(), Some(None));
     }
 
-    /// A backend that echoes the key Sluice sent it inside a 200 stream (an error event, a
-    /// chunk): the client sees `[redacted]`, whether the stream is edited or passed through
-    /// and however the backend's chunks cut the events.
-    #[tokio::test]
-    async fn backend_key_echoed_in_a_stream_is_redacted() {
-        use http_body_util::BodyExt;
+    /// A config with one vLLM backend, and that backend.
+    fn one_backend() -> (crate::config::Config, Arc<Backend>) {
         let config = crate::config::from_str(
             "[[backends]]\nname = \"b\"\nkind = \"vllm\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n",
             "t",
@@ -688,6 +701,16 @@ mod tests {
             config.backends[0].clone(),
             Arc::new(crate::fleet::BackendState::new()),
         ));
+        (config, backend)
+    }
+
+    /// A backend that echoes the key Sluice sent it inside a 200 stream (an error event, a
+    /// chunk): the client sees `[redacted]`, whether the stream is edited or passed through
+    /// and however the backend's chunks cut the events.
+    #[tokio::test]
+    async fn backend_key_echoed_in_a_stream_is_redacted() {
+        use http_body_util::BodyExt;
+        let (config, backend) = one_backend();
         let stream: &[u8] = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n\
             data: {\"error\":{\"message\":\"worker lost (auth Bearer sk-be-1; again sk-be-1)\"}}\n\n\
             data: [DONE]\n\n";
@@ -723,11 +746,11 @@ mod tests {
             }
         }
         assert_eq!(
-            &redact(Bytes::from_static(b"a sk-1 b"), None)[..],
+            &Redactor::new(None).apply(Bytes::from_static(b"a sk-1 b"))[..],
             b"a sk-1 b"
         );
         assert_eq!(
-            &redact(Bytes::from_static(b"a sk-1 b"), Some(""))[..],
+            &Redactor::new(Some("")).apply(Bytes::from_static(b"a sk-1 b"))[..],
             b"a sk-1 b"
         );
     }
@@ -737,15 +760,7 @@ mod tests {
     #[tokio::test]
     async fn cut_last_event_is_terminated_before_done() {
         use http_body_util::BodyExt;
-        let config = crate::config::from_str(
-            "[[backends]]\nname = \"b\"\nkind = \"vllm\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n",
-            "t",
-        )
-        .unwrap();
-        let backend = Arc::new(Backend::new(
-            config.backends[0].clone(),
-            Arc::new(crate::fleet::BackendState::new()),
-        ));
+        let (config, backend) = one_backend();
         let run = |body: &'static [u8]| {
             let stream = ObservedStream::new(
                 http_body_util::Full::new(Bytes::from_static(body)),
