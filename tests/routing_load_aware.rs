@@ -298,3 +298,135 @@ async fn cached_prompt_tokens_reach_the_client_unchanged() {
     }
     gw.stop().await;
 }
+
+/// The gateway's pending prefill at one backend: (requests, prompt tokens).
+fn pending_prefill(gw: &TestGateway) -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rt = gw.gw.runtime();
+    let s = &rt.fleet.backends[0].state;
+    (
+        s.pending_prefill_requests.load(Relaxed),
+        s.pending_prefill_tokens.load(Relaxed),
+    )
+}
+
+/// Whether an SSE body so far holds a chunk with text in `content`.
+fn has_text(sse: &str) -> bool {
+    let key = "\"content\":\"";
+    sse.match_indices(key).any(|(i, _)| {
+        sse[i + key.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c != '"')
+    })
+}
+
+fn inflight_requests(gw: &TestGateway) -> u64 {
+    let rt = gw.gw.runtime();
+    rt.fleet.backends[0]
+        .state
+        .inflight_requests
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A request sent to a backend counts as pending prefill (its estimated prompt tokens) until
+/// its first token streams back; then only its output is in flight until it ends. Shown in
+/// `/admin/backends` and the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_is_pending_prefill_until_its_first_token() {
+    // a slow prefill (about 2 s for this prompt) and a slow decode (40 tokens of 20 ms)
+    let s = sim_with(
+        SimConfig::new(SimKind::Vllm, vec!["m".into()])
+            .timing(Timing {
+                prefill_per_token: Duration::from_millis(4),
+                ..timing(20)
+            })
+            .output_tokens(40, 40),
+    )
+    .await;
+    let toml = format!(
+        "[routing]\npolicy = \"token-aware\"\n{FAST_HEALTH}{}",
+        backend("only", "vllm", &s.url(), &["m"]),
+    );
+    let gw = TestGateway::start_healthy(&toml).await;
+    let body = serde_json::json!({
+        "model": "m",
+        "stream": true,
+        "max_tokens": 40,
+        "messages": [{"role": "user", "content": "tell me about the handbook ".repeat(60)}]
+    });
+    let mut r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let admin: serde_json::Value = client()
+        .get(gw.admin_url("/admin/backends"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let shown = &admin["backends"][0]["routing"]["gateway"];
+    let metrics = client()
+        .get(gw.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (requests, tokens) = pending_prefill(&gw);
+    // still prefilling (no chunk read yet; the prefill takes seconds)
+    assert_eq!(requests, 1, "{admin}");
+    assert!(tokens >= 100, "{tokens}");
+    assert_eq!(shown["pending_prefill_requests"], 1, "{admin}");
+    assert!(
+        shown["pending_prefill_tokens"].as_u64().unwrap_or(0) >= 100,
+        "{admin}"
+    );
+    assert!(
+        admin["backends"][0]["routing"]["reference_request"]["pending_prefill_seconds"]
+            .as_f64()
+            .unwrap_or(0.0)
+            > 0.0,
+        "{admin}"
+    );
+    assert!(
+        metrics.contains("sluice_backend_pending_prefill_tokens{backend=\"only\"}"),
+        "{metrics}"
+    );
+    // read until the first text token
+    let mut seen = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !has_text(&seen) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no first token: {seen}"
+        );
+        match r.chunk().await.unwrap() {
+            Some(c) => seen.push_str(&String::from_utf8_lossy(&c)),
+            None => panic!("stream ended early: {seen}"),
+        }
+    }
+    eventually(
+        Duration::from_secs(5),
+        "the prefill ends at the first token",
+        || async { pending_prefill(&gw) == (0, 0) },
+    )
+    .await;
+    // the stream goes on (about 0.8 s of decode): the request is still in flight
+    assert_eq!(inflight_requests(&gw), 1);
+    while r.chunk().await.unwrap().is_some() {}
+    eventually(
+        Duration::from_secs(5),
+        "the request is released",
+        || async { inflight_requests(&gw) == 0 },
+    )
+    .await;
+    assert_eq!(pending_prefill(&gw), (0, 0));
+    gw.stop().await;
+}

@@ -139,6 +139,10 @@ pub struct BackendState {
     pub track: Mutex<Track>,
     pub inflight_requests: AtomicU64,
     pub inflight_tokens: AtomicU64,
+    /// Requests sent here whose first token has not come yet, and their estimated prompt
+    /// tokens: the prefill work queued ahead of a new request (see [`super::LoadGuard`]).
+    pub pending_prefill_requests: AtomicU64,
+    pub pending_prefill_tokens: AtomicU64,
     /// A backend's `Retry-After`: not routed to before this time (ms since process start).
     pub skip_until_ms: AtomicU64,
     pub draining: AtomicBool,
@@ -172,6 +176,8 @@ impl BackendState {
             track: Mutex::new(Track::default()),
             inflight_requests: AtomicU64::new(0),
             inflight_tokens: AtomicU64::new(0),
+            pending_prefill_requests: AtomicU64::new(0),
+            pending_prefill_tokens: AtomicU64::new(0),
             skip_until_ms: AtomicU64::new(0),
             draining: AtomicBool::new(false),
             discovered: ArcSwap::from_pointee(ModelMap::new()),

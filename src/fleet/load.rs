@@ -2,8 +2,13 @@
 //!
 //! A [`LoadGuard`] adds one request and its expected tokens to a backend's counters when created
 //! and removes exactly that when dropped — on success, error, client disconnect or panic alike.
-//! A guard may also hold the gateway's [`WaitQueue`]: dropping it then hands the freed slot to
-//! the next waiting request.
+//! Until the request's first token it also counts as a pending prefill (one request and its
+//! estimated prompt tokens in [`BackendState::pending_prefill_requests`] and
+//! [`BackendState::pending_prefill_tokens`]): [`LoadGuard::first_token`] or the drop, whichever
+//! comes first, removes that exactly once, and the first token also takes the prompt out of the
+//! tokens in flight (it is prefilled; what remains is output to decode). A guard may also hold
+//! the gateway's [`WaitQueue`]: dropping it then hands the freed slot to the next waiting
+//! request.
 //!
 //! Invariant: under a concurrency cap, a guard exists only if it took a slot with
 //! [`LoadGuard::claim`], which checks and increments the request count in one atomic step, so
@@ -15,30 +20,58 @@ use std::sync::Arc;
 use super::queue::WaitQueue;
 use super::BackendState;
 
+/// What one request puts on a backend: its tokens (estimated prompt plus expected output) and,
+/// of those, the prompt tokens the backend has to prefill before the first token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    pub tokens: u64,
+    pub prompt_tokens: u64,
+}
+
+impl Load {
+    /// `prompt_tokens` is clamped to `tokens`.
+    pub fn new(tokens: u64, prompt_tokens: u64) -> Load {
+        Load {
+            tokens,
+            prompt_tokens: prompt_tokens.min(tokens),
+        }
+    }
+}
+
+impl From<u64> for Load {
+    /// Tokens with no prompt to prefill.
+    fn from(tokens: u64) -> Load {
+        Load::new(tokens, 0)
+    }
+}
+
 /// Holds one request's share of a backend's in-flight counters.
 #[derive(Debug)]
 pub struct LoadGuard {
     state: Arc<BackendState>,
     tokens: u64,
+    /// Prompt tokens counted as pending prefill; `None` once the first token came.
+    prefill: Option<u64>,
     wake: Option<Arc<WaitQueue>>,
 }
 
 impl LoadGuard {
-    pub fn new(state: Arc<BackendState>, tokens: u64) -> Self {
+    pub fn new(state: Arc<BackendState>, load: impl Into<Load>) -> Self {
+        let load = load.into();
         state.inflight_requests.fetch_add(1, Ordering::Relaxed);
-        state.inflight_tokens.fetch_add(tokens, Ordering::Relaxed);
-        LoadGuard {
-            state,
-            tokens,
-            wake: None,
-        }
+        Self::counted(state, load)
     }
 
     /// Take one of `cap` slots (no cap: always) and count the request, or `None` if all are
     /// taken. The check and the increment are one atomic step.
-    pub fn claim(state: Arc<BackendState>, tokens: u64, cap: Option<u64>) -> Option<Self> {
+    pub fn claim(
+        state: Arc<BackendState>,
+        load: impl Into<Load>,
+        cap: Option<u64>,
+    ) -> Option<Self> {
+        let load = load.into();
         let Some(cap) = cap else {
-            return Some(Self::new(state, tokens));
+            return Some(Self::new(state, load));
         };
         state
             .inflight_requests
@@ -46,12 +79,26 @@ impl LoadGuard {
                 (n < cap).then_some(n + 1)
             })
             .ok()?;
-        state.inflight_tokens.fetch_add(tokens, Ordering::Relaxed);
-        Some(LoadGuard {
+        Some(Self::counted(state, load))
+    }
+
+    /// Count everything but the request itself (already counted by the caller).
+    fn counted(state: Arc<BackendState>, load: Load) -> Self {
+        state
+            .inflight_tokens
+            .fetch_add(load.tokens, Ordering::Relaxed);
+        state
+            .pending_prefill_requests
+            .fetch_add(1, Ordering::Relaxed);
+        state
+            .pending_prefill_tokens
+            .fetch_add(load.prompt_tokens, Ordering::Relaxed);
+        LoadGuard {
             state,
-            tokens,
+            tokens: load.tokens,
+            prefill: Some(load.prompt_tokens),
             wake: None,
-        })
+        }
     }
 
     /// Wake the next request waiting in `queue` when this guard is dropped.
@@ -65,11 +112,34 @@ impl LoadGuard {
         self.tokens
     }
 
+    /// Prompt tokens of this request still counted as pending prefill (0 after the first token).
+    pub fn pending_prefill(&self) -> u64 {
+        self.prefill.unwrap_or(0)
+    }
+
     /// Lower the request's counted tokens as output is produced (never below zero).
     pub fn release_tokens(&mut self, n: u64) {
         let n = n.min(self.tokens);
         self.tokens -= n;
         self.state.inflight_tokens.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// The backend produced the request's first token: its prefill is done. Removes it from
+    /// the pending prefills and its prompt from the tokens in flight; later calls do nothing.
+    pub fn first_token(&mut self) {
+        if let Some(prompt) = self.prefill.take() {
+            self.end_prefill(prompt);
+            self.release_tokens(prompt);
+        }
+    }
+
+    fn end_prefill(&self, prompt: u64) {
+        self.state
+            .pending_prefill_requests
+            .fetch_sub(1, Ordering::Relaxed);
+        self.state
+            .pending_prefill_tokens
+            .fetch_sub(prompt, Ordering::Relaxed);
     }
 
     pub fn state(&self) -> &Arc<BackendState> {
@@ -79,6 +149,9 @@ impl LoadGuard {
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
+        if let Some(prompt) = self.prefill.take() {
+            self.end_prefill(prompt);
+        }
         self.state.inflight_requests.fetch_sub(1, Ordering::Relaxed);
         self.state
             .inflight_tokens
@@ -132,6 +205,7 @@ mod tests {
         let taken: u64 = threads.into_iter().map(|t| t.join().unwrap_or(0)).sum();
         assert!(taken > 0);
         assert!(peak.load(Ordering::Relaxed) <= 2, "cap of 2 exceeded");
+        assert_eq!(pending(&s), (0, 0));
         assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
         assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
         let a = LoadGuard::claim(s.clone(), 1, Some(1));
@@ -149,6 +223,70 @@ mod tests {
             panic!("boom");
         });
         assert!(r.is_err());
+        assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
+    }
+
+    fn pending(s: &BackendState) -> (u64, u64) {
+        (
+            s.pending_prefill_requests.load(Ordering::Relaxed),
+            s.pending_prefill_tokens.load(Ordering::Relaxed),
+        )
+    }
+
+    #[test]
+    fn pending_prefill_ends_once_at_the_first_token() {
+        let s = Arc::new(BackendState::new());
+        let mut a = LoadGuard::new(s.clone(), Load::new(1000, 600));
+        let b = LoadGuard::claim(s.clone(), Load::new(300, 200), Some(4));
+        assert!(b.is_some());
+        assert_eq!(pending(&s), (2, 800));
+        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 1300);
+        a.first_token();
+        // the prompt is prefilled: out of the pending prefills and of the tokens in flight
+        assert_eq!(pending(&s), (1, 200));
+        assert_eq!(a.pending_prefill(), 0);
+        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 700);
+        a.release_tokens(1);
+        a.first_token();
+        a.first_token();
+        assert_eq!(pending(&s), (1, 200), "released once only");
+        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 699);
+        drop(a);
+        assert_eq!(pending(&s), (1, 200));
+        // never reached its first token: the drop ends its prefill
+        drop(b);
+        assert_eq!(pending(&s), (0, 0));
+        assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
+        // the prompt is part of the tokens: never more prompt than tokens
+        let c = LoadGuard::new(s.clone(), Load::new(10, 50));
+        assert_eq!(pending(&s), (1, 10));
+        drop(c);
+        // a claim refused at the cap counts nothing
+        let _full = LoadGuard::claim(s.clone(), Load::new(5, 5), Some(1));
+        assert!(LoadGuard::claim(s.clone(), Load::new(7, 7), Some(1)).is_none());
+        assert_eq!(pending(&s), (1, 5));
+    }
+
+    #[test]
+    fn pending_prefill_is_released_on_panic_before_and_after_the_first_token() {
+        let s = Arc::new(BackendState::new());
+        let s2 = s.clone();
+        let r = std::panic::catch_unwind(move || {
+            let _g = LoadGuard::new(s2, Load::new(100, 80));
+            panic!("before the first token");
+        });
+        assert!(r.is_err());
+        assert_eq!(pending(&s), (0, 0));
+        let s2 = s.clone();
+        let r = std::panic::catch_unwind(move || {
+            let mut g = LoadGuard::new(s2, Load::new(100, 80));
+            g.first_token();
+            panic!("after the first token");
+        });
+        assert!(r.is_err());
+        assert_eq!(pending(&s), (0, 0));
         assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
         assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
     }

@@ -3,7 +3,8 @@
 //!
 //! - [`backend`]: one backend: its config, its HTTP client (own connection pool), and its
 //!   [`backend::BackendState`] (health, load counters, discovered models).
-//! - [`load`]: RAII guards counting in-flight requests and tokens per backend.
+//! - [`load`]: RAII guards counting in-flight requests and tokens, and pending prefills, per
+//!   backend.
 //! - [`health`]: per-kind active probes, model discovery and passive ejection.
 //! - [`registry`]: the set of backends of one config snapshot, and model resolution.
 //! - [`queue`]: the gateway-side wait queue (per-backend caps, fair by tenant, with a deadline).
@@ -28,5 +29,5 @@ pub mod signals;
 pub mod speed;
 
 pub use backend::{Backend, BackendState, Health};
-pub use load::LoadGuard;
+pub use load::{Load, LoadGuard};
 pub use registry::{Fleet, Resolved};

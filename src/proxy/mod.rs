@@ -488,7 +488,7 @@ fn pick_and_claim(
         let (backend, backend_model) = &candidates[idx];
         let queued = crate::routing::score::would_queue(backend, backend_model);
         let cap = backend.cap();
-        let Some(guard) = LoadGuard::claim(backend.state.clone(), input.tokens, cap) else {
+        let Some(guard) = LoadGuard::claim(backend.state.clone(), input.load(), cap) else {
             continue;
         };
         let guard = if cap.is_some() {

@@ -449,6 +449,9 @@ impl<B> ObservedStream<B> {
             if !self.saw_text {
                 self.saw_text = true;
                 self.settle.record.ttft = Some(self.settle.record.started.elapsed());
+                if let Some(g) = self.settle.guard.as_mut() {
+                    g.first_token();
+                }
             }
             self.settle.streamed_tokens += 1;
             if let Some(g) = self.settle.guard.as_mut() {

@@ -46,6 +46,11 @@ pub struct RouteInput {
 }
 
 impl RouteInput {
+    /// What the request puts on the backend it is sent to (see [`crate::fleet::LoadGuard`]).
+    pub fn load(&self) -> crate::fleet::Load {
+        crate::fleet::Load::new(self.tokens, self.prompt_tokens)
+    }
+
     /// The request as a backend without its prefix cached sees it.
     fn score_request(&self) -> score::Request {
         score::Request {

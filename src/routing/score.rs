@@ -6,13 +6,24 @@
 //! busy      = max(gateway in-flight requests, engine running + waiting)   (engine: if fresh)
 //! slots     = learned full batch | max_concurrent (config or TGI /info) | per-kind default
 //! ahead     = max(0, busy + 1 − slots)                  requests queued before this one
-//! remaining = (tokens in flight / gateway in-flight) / decode_now   per running request
+//! pending   = prompt tokens sent here whose first token has not come (pending prefill)
+//! remaining = (pending / prefill_tps + (tokens in flight − pending) / decode_now)
+//!             / gateway in-flight                                   per request in flight
 //! wait      = ahead × remaining / slots
 //! decode_now= decode_tps × (1 + busy_seen/slots) / (1 + busy/slots)  (batching slows decode)
-//! T         = wait + prompt / prefill_tps + output / decode_now
+//! TTFT      = wait + (pending + prompt) / prefill_tps
+//! T         = TTFT + output / decode_now
 //!             (+ KV pressure above 90%, + a model load when Ollama has it cold)
 //! score     = T / weight
 //! ```
+//!
+//! The gateway's tokens in flight are of two kinds: prompt tokens of requests whose first token
+//! has not come yet (their prefill is still to do, at prefill speed) and expected output still
+//! to stream (at decode speed); a request's prompt leaves the tokens in flight at its first
+//! token. The pending prefill is also work the engine does before this request's own prefill
+//! (and a step holding a prefill holds every request in it), so it is part of the expected
+//! time to first token. Requests that are not streamed show no first token and count as
+//! pending until they end.
 //!
 //! Speeds without measurements take the best of the candidates that have one (or the prior)
 //! (else a fixed prior), so a new backend is neither shunned nor flooded; measurements then
@@ -84,7 +95,15 @@ pub struct Breakdown {
     pub slots: f64,
     pub queued_ahead: f64,
     pub wait_seconds: f64,
+    /// Requests sent here without a first token yet, and their estimated prompt tokens.
+    pub pending_prefill_requests: f64,
+    pub pending_prefill_tokens: f64,
+    /// The pending prefill at this backend's prefill speed.
+    pub pending_prefill_seconds: f64,
+    /// This request's own prefill.
     pub prefill_seconds: f64,
+    /// wait + pending prefill + own prefill.
+    pub ttft_seconds: f64,
     pub decode_seconds: f64,
     pub penalty_seconds: f64,
     pub expected_seconds: f64,
@@ -122,6 +141,9 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     let st = &b.state;
     let gw_busy = st.inflight_requests.load(Ordering::Relaxed) as f64;
     let gw_tokens = st.inflight_tokens.load(Ordering::Relaxed) as f64;
+    let pending_requests = st.pending_prefill_requests.load(Ordering::Relaxed) as f64;
+    // (the counters are read one by one: never more pending than in flight)
+    let pending_tokens = (st.pending_prefill_tokens.load(Ordering::Relaxed) as f64).min(gw_tokens);
     let sig = st.signals.load();
     let engine = sig.fresh().then(|| sig.load_for(model)).flatten();
     let engine_busy = engine.map_or(0.0, |l| l.running + l.waiting);
@@ -146,20 +168,26 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
         decode_tps * (1.0 + busy_seen.min(slots) / slots) / (1.0 + (busy + 1.0).min(slots) / slots);
 
     let queued_ahead = (busy + 1.0 - slots).max(0.0);
-    let per_request_tokens = if gw_busy >= 1.0 {
-        gw_tokens / gw_busy
+    // What a request in flight still has to do: its share of the pending prefill and of the
+    // output to come (without gateway requests to go by, one like this one).
+    let (prefill_work, decode_work) = if gw_busy >= 1.0 {
+        (
+            pending_tokens / gw_busy,
+            (gw_tokens - pending_tokens).max(0.0) / gw_busy,
+        )
     } else {
-        (req.prompt_tokens + req.output_tokens) as f64
+        (req.prompt_tokens as f64, req.output_tokens as f64)
     };
+    let per_request = prefill_work / prefill_tps + decode_work / decode_now;
     let remaining = st
         .speeds
         .service_seconds
         .get()
-        .map_or(per_request_tokens / decode_now, |s| {
-            s.min(per_request_tokens / decode_now)
-        });
+        .map_or(per_request, |s| s.min(per_request));
     let wait_seconds = queued_ahead * remaining / slots;
+    let pending_prefill_seconds = pending_tokens / prefill_tps;
     let prefill_seconds = req.prompt_tokens as f64 / prefill_tps;
+    let ttft_seconds = wait_seconds + pending_prefill_seconds + prefill_seconds;
     let decode_seconds = req.output_tokens as f64 / decode_now;
 
     let mut penalty_seconds = 0.0;
@@ -171,7 +199,7 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     if b.kind() == BackendKind::Ollama && sig.is_loaded(model) == Some(false) {
         penalty_seconds += COLD_LOAD_SECONDS;
     }
-    let expected = wait_seconds + prefill_seconds + decode_seconds + penalty_seconds;
+    let expected = ttft_seconds + decode_seconds + penalty_seconds;
     let expected = if expected.is_finite() {
         expected.max(0.0)
     } else {
@@ -182,7 +210,11 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
         slots,
         queued_ahead,
         wait_seconds,
+        pending_prefill_requests: pending_requests,
+        pending_prefill_tokens: pending_tokens,
+        pending_prefill_seconds,
         prefill_seconds,
+        ttft_seconds,
         decode_seconds,
         penalty_seconds,
         expected_seconds: expected,
@@ -211,8 +243,8 @@ pub fn warm(b: &Backend, model: &str) -> Option<bool> {
     b.state.signals.load().is_loaded(model)
 }
 
-/// The score inputs of a backend for `/admin/backends`: engine signals, measured speeds and
-/// the breakdown of a reference request (1000 prompt + 200 output tokens) on its first model.
+/// The score inputs of a backend for `/admin/backends`: engine signals, measured speeds, the
+/// gateway's own counters (in flight, pending prefill) and the breakdown of a reference request (1000 prompt + 200 output tokens) on its first model.
 pub fn admin_view(b: &Backend) -> serde_json::Value {
     let sig = b.state.signals.load();
     let sp = &b.state.speeds;
@@ -250,6 +282,12 @@ pub fn admin_view(b: &Backend) -> serde_json::Value {
             "busy_seen": sp.busy_seen(),
             "samples": sp.samples.load(Ordering::Relaxed),
         },
+        "gateway": {
+            "inflight_requests": b.state.inflight_requests.load(Ordering::Relaxed),
+            "inflight_tokens": b.state.inflight_tokens.load(Ordering::Relaxed),
+            "pending_prefill_requests": b.state.pending_prefill_requests.load(Ordering::Relaxed),
+            "pending_prefill_tokens": b.state.pending_prefill_tokens.load(Ordering::Relaxed),
+        },
         "slots": reference.slots,
         "reference_request": reference,
     })
@@ -261,7 +299,7 @@ mod tests {
     use crate::config::{BackendConfig, Timeouts};
     use crate::fleet::signals::{ModelLoad, Signals};
     use crate::fleet::speed::Observation;
-    use crate::fleet::{BackendState, LoadGuard};
+    use crate::fleet::{BackendState, Load, LoadGuard};
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -374,6 +412,52 @@ mod tests {
         assert_eq!(s.slots, 2.0);
         assert_eq!(s.queued_ahead, 3.0);
         assert!(s.wait_seconds > 10.0, "{s:?}");
+    }
+
+    #[test]
+    fn a_big_pending_prefill_loses_to_an_otherwise_equal_backend() {
+        let pending = backend(BackendKind::Vllm, None);
+        let started = backend(BackendKind::Vllm, None);
+        measure(&pending, 50.0);
+        measure(&started, 50.0);
+        let prior = Prior::of(&[&pending, &started]);
+        // one request and 5600 tokens in flight on each; on one, 5000 of them are a prompt
+        // still to prefill, on the other everything is output to decode
+        let _a = LoadGuard::new(pending.state.clone(), Load::new(5600, 5000));
+        let _b = LoadGuard::new(started.state.clone(), Load::new(5600, 0));
+        let p = breakdown(&pending, "m", REQ, prior);
+        let s = breakdown(&started, "m", REQ, prior);
+        assert_eq!((p.busy, p.pending_prefill_tokens), (1.0, 5000.0));
+        assert_eq!((s.busy, s.pending_prefill_tokens), (1.0, 0.0));
+        // measured prefill: 1000 tokens in 0.5 s
+        assert!((p.pending_prefill_seconds - 2.5).abs() < 1e-6, "{p:?}");
+        assert!(
+            (p.ttft_seconds - s.ttft_seconds - 2.5).abs() < 1e-6,
+            "{p:?} vs {s:?}"
+        );
+        assert!(p.score > s.score + 2.0, "{p:?} vs {s:?}");
+    }
+
+    #[test]
+    fn the_first_token_ends_a_pending_prefill_and_its_prompt() {
+        let b = backend(BackendKind::Vllm, Some(1));
+        measure(&b, 50.0);
+        let prior = Prior::of(&[&b]);
+        let mut g = LoadGuard::new(b.state.clone(), Load::new(5100, 5000));
+        let before = breakdown(&b, "m", REQ, prior);
+        // one slot, taken: this request waits for the one in flight, prefill included
+        assert_eq!(before.queued_ahead, 1.0);
+        g.first_token();
+        let after = breakdown(&b, "m", REQ, prior);
+        assert_eq!(after.pending_prefill_tokens, 0.0);
+        assert!(
+            after.wait_seconds < before.wait_seconds,
+            "{before:?} vs {after:?}"
+        );
+        assert!(
+            before.ttft_seconds - after.ttft_seconds > 2.5,
+            "{before:?} vs {after:?}"
+        );
     }
 
     #[test]

@@ -336,6 +336,10 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
             .set(b.state.inflight_requests.load(Ordering::Relaxed) as f64);
         metrics::gauge!(m::BACKEND_INFLIGHT_TOKENS, "backend" => name.clone())
             .set(b.state.inflight_tokens.load(Ordering::Relaxed) as f64);
+        metrics::gauge!(m::BACKEND_PENDING_PREFILL_REQUESTS, "backend" => name.clone())
+            .set(b.state.pending_prefill_requests.load(Ordering::Relaxed) as f64);
+        metrics::gauge!(m::BACKEND_PENDING_PREFILL_TOKENS, "backend" => name.clone())
+            .set(b.state.pending_prefill_tokens.load(Ordering::Relaxed) as f64);
         metrics::counter!(m::EJECTIONS_TOTAL, "backend" => name.clone())
             .absolute(u64::from(b.state.track().ejections));
         if let Some(cap) = b.cap() {

@@ -16,6 +16,10 @@ pub const COMPLETION_TOKENS_TOTAL: &str = "sluice_completion_tokens_total";
 pub const BACKEND_REQUESTS_TOTAL: &str = "sluice_backend_requests_total";
 pub const BACKEND_INFLIGHT_REQUESTS: &str = "sluice_backend_inflight_requests";
 pub const BACKEND_INFLIGHT_TOKENS: &str = "sluice_backend_inflight_tokens";
+/// Requests sent to a `backend` whose first token has not come yet (pending prefill).
+pub const BACKEND_PENDING_PREFILL_REQUESTS: &str = "sluice_backend_pending_prefill_requests";
+/// Estimated prompt tokens of those requests.
+pub const BACKEND_PENDING_PREFILL_TOKENS: &str = "sluice_backend_pending_prefill_tokens";
 pub const BACKEND_STATE: &str = "sluice_backend_state";
 pub const FAILOVERS_TOTAL: &str = "sluice_failovers_total";
 pub const STREAM_INTERRUPTIONS_TOTAL: &str = "sluice_stream_interruptions_total";
