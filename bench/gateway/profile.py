@@ -59,6 +59,7 @@ def main():
     ap.add_argument("-n", type=int, default=1000, help="requests measured")
     ap.add_argument("--stream", action="store_true", help="also measure streamed requests")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--bare", action="store_true", help="bare proxy settings (no keys, round-robin)")
     args = ap.parse_args()
     binary = args.binary
     if not binary:
@@ -73,7 +74,7 @@ def main():
         port = free_port()
         cfg = os.path.join(tmp, "sluice.toml")
         with open(cfg, "w") as f:
-            f.write(sluice_config(port, sims, True))
+            f.write(sluice_config(port, sims, not args.bare))
         out = os.path.join(tmp, "callgrind.out")
         p = procs.start(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
                          "--dump-instr=no", "--collect-atstart=yes", binary, "serve", "--config", cfg],

@@ -45,38 +45,33 @@ pub fn tightest(checks: &[Check], states: &[CheckState], kind: Kind) -> Option<(
         .map(|(c, s)| (c.limit, *s))
 }
 
+/// Header names of (limit, remaining, reset) per quantity.
+const REQUESTS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-requests"),
+    HeaderName::from_static("x-ratelimit-remaining-requests"),
+    HeaderName::from_static("x-ratelimit-reset-requests"),
+];
+const TOKENS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-tokens"),
+    HeaderName::from_static("x-ratelimit-remaining-tokens"),
+    HeaderName::from_static("x-ratelimit-reset-tokens"),
+];
+
 /// The `x-ratelimit-*` headers for the evaluated checks.
 pub fn rate_headers(checks: &[Check], states: &[CheckState]) -> HeaderMap {
     let mut h = HeaderMap::new();
-    for (kind, suffix) in [(Kind::Requests, "requests"), (Kind::Tokens, "tokens")] {
+    for (kind, [limit_name, remaining_name, reset_name]) in
+        [(Kind::Requests, REQUESTS), (Kind::Tokens, TOKENS)]
+    {
         if let Some((limit, s)) = tightest(checks, states, kind) {
-            put(
-                &mut h,
-                &format!("x-ratelimit-limit-{suffix}"),
-                limit.to_string(),
-            );
-            put(
-                &mut h,
-                &format!("x-ratelimit-remaining-{suffix}"),
-                s.remaining.to_string(),
-            );
-            put(
-                &mut h,
-                &format!("x-ratelimit-reset-{suffix}"),
-                go_duration(s.reset_ms),
-            );
+            h.insert(limit_name, HeaderValue::from(limit));
+            h.insert(remaining_name, HeaderValue::from(s.remaining));
+            if let Ok(v) = HeaderValue::from_str(&go_duration(s.reset_ms)) {
+                h.insert(reset_name, v);
+            }
         }
     }
     h
-}
-
-fn put(h: &mut HeaderMap, name: &str, value: String) {
-    if let (Ok(n), Ok(v)) = (
-        HeaderName::from_bytes(name.as_bytes()),
-        HeaderValue::from_str(&value),
-    ) {
-        h.insert(n, v);
-    }
 }
 
 #[cfg(test)]

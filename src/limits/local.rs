@@ -11,8 +11,9 @@
 //! Invariant: a check's state changes only when the whole request was admitted, or when a
 //! permit settles what it took.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use hashbrown::HashMap;
 
 use super::plan::{period, Check, CheckState, Decision, Kind};
 
@@ -29,7 +30,7 @@ enum Slot {
 /// Limit state of this process.
 #[derive(Debug, Default)]
 pub struct LocalStore {
-    slots: Mutex<HashMap<String, Slot>>,
+    slots: Mutex<HashMap<Arc<str>, Slot>>,
 }
 
 /// A rate meter drained to `now`.
@@ -68,7 +69,7 @@ impl LocalStore {
         for (i, c) in checks.iter().enumerate() {
             let (state, retry, allowed) = match c.kind {
                 Kind::Requests | Kind::Tokens => {
-                    let used = match slots.get(&c.id) {
+                    let used = match slots.get(&*c.id) {
                         Some(Slot::Rate { used, at }) => {
                             drained(*used, *at, now_ms, c.limit, window_ms)
                         }
@@ -77,7 +78,7 @@ impl LocalStore {
                     eval_rate(used, c.limit, c.cost, window_ms)
                 }
                 Kind::Concurrency => {
-                    let n = match slots.get(&c.id) {
+                    let n = match slots.get(&*c.id) {
                         Some(Slot::Count(n)) => *n,
                         _ => 0,
                     };
@@ -92,7 +93,7 @@ impl LocalStore {
                 }
                 Kind::Daily | Kind::Monthly => {
                     let (id, end) = period(c.kind, now_ms as i64);
-                    let used = match slots.get(&c.id) {
+                    let used = match slots.get(&*c.id) {
                         Some(Slot::Budget { period, used }) if *period == id => *used,
                         _ => 0,
                     };
@@ -120,7 +121,7 @@ impl LocalStore {
         for (c, s) in checks.iter().zip(&decision.states) {
             let slot = match c.kind {
                 Kind::Requests | Kind::Tokens => Slot::Rate {
-                    used: match slots.get(&c.id) {
+                    used: match slots.get(&*c.id) {
                         Some(Slot::Rate { used, at }) => {
                             drained(*used, *at, now_ms, c.limit, window_ms)
                         }
@@ -152,7 +153,7 @@ impl LocalStore {
     ) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         for (i, c) in checks.iter().enumerate() {
-            let Some(slot) = slots.get_mut(&c.id) else {
+            let Some(slot) = slots.get_mut(&*c.id) else {
                 continue;
             };
             match (c.kind, slot) {

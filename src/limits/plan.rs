@@ -5,7 +5,10 @@
 //! arithmetic, all checks at once: a request is admitted only if every check passes, and only
 //! then is anything taken (all or nothing).
 
+use std::sync::{Arc, LazyLock};
+
 use crate::config::validate::LimitSet;
+use crate::telemetry::handles::LabelCache;
 
 /// What a check limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -70,10 +73,10 @@ impl Scope {
 #[derive(Debug, Clone)]
 pub struct Check {
     /// Storage id, unique per scope, name and kind (e.g. `key:alice:requests`).
-    pub id: String,
+    pub id: Arc<str>,
     pub scope: Scope,
     /// The key's or tenant's name.
-    pub name: String,
+    pub name: Arc<str>,
     pub kind: Kind,
     pub limit: u64,
     pub cost: u64,
@@ -116,13 +119,23 @@ pub fn checks(
     out
 }
 
+/// (id, name) of each check, made once per scope, name and kind.
+static CHECK_IDS: LazyLock<LabelCache<3, (Arc<str>, Arc<str>)>> =
+    LazyLock::new(LabelCache::default);
+
 fn push_scope(out: &mut Vec<Check>, scope: Scope, name: &str, l: LimitSet, tokens: u64) {
     let mut push = |kind: Kind, limit: Option<u64>, cost: u64| {
         if let Some(limit) = limit {
+            let (id, name) = CHECK_IDS.get([scope.label(), name, kind.label()], || {
+                (
+                    Arc::from(format!("{}:{}:{}", scope.label(), name, kind.label())),
+                    Arc::from(name),
+                )
+            });
             out.push(Check {
-                id: format!("{}:{}:{}", scope.label(), name, kind.label()),
+                id,
                 scope,
-                name: name.to_string(),
+                name,
                 kind,
                 limit,
                 cost,
@@ -215,7 +228,7 @@ mod tests {
             ..LimitSet::default()
         };
         let c = checks("alice", key, "team", Some(team), 40);
-        let ids: Vec<_> = c.iter().map(|c| c.id.as_str()).collect();
+        let ids: Vec<_> = c.iter().map(|c| &*c.id).collect();
         assert_eq!(
             ids,
             [

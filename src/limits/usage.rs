@@ -8,26 +8,42 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use dashmap::DashMap;
+use metrics::Counter;
 use serde::Serialize;
 
 use crate::proxy::observe::Usage;
+use crate::telemetry::handles::LabelCache;
 use crate::telemetry::metrics as m;
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct Row {
-    key: String,
-    tenant: String,
-    model: String,
-    backend: String,
-}
-
-#[derive(Debug, Default)]
+/// The totals of one row (key, tenant, model, backend) and its metric handles.
 struct Counters {
     requests: AtomicU64,
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
+    requests_metric: Counter,
+    prompt_tokens_metric: Counter,
+    completion_tokens_metric: Counter,
+}
+
+impl Counters {
+    fn new(labels: [&str; 4]) -> Counters {
+        let labels = [
+            ("key", labels[0].to_string()),
+            ("tenant", labels[1].to_string()),
+            ("model", labels[2].to_string()),
+            ("backend", labels[3].to_string()),
+        ];
+        Counters {
+            requests: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            completion_tokens: AtomicU64::new(0),
+            requests_metric: metrics::counter!(m::USAGE_REQUESTS_TOTAL, &labels),
+            prompt_tokens_metric: metrics::counter!(m::USAGE_PROMPT_TOKENS_TOTAL, &labels),
+            completion_tokens_metric: metrics::counter!(m::USAGE_COMPLETION_TOKENS_TOTAL, &labels),
+        }
+    }
 }
 
 /// Totals of one row or one group.
@@ -70,9 +86,16 @@ pub struct UsageReport {
 }
 
 /// Usage counters of this process.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct UsageBook {
-    rows: DashMap<Row, Counters>,
+    /// By (key, tenant, model, backend).
+    rows: LabelCache<4, Arc<Counters>>,
+}
+
+impl std::fmt::Debug for UsageBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UsageBook").finish_non_exhaustive()
+    }
 }
 
 impl UsageBook {
@@ -85,46 +108,33 @@ impl UsageBook {
         backend: &str,
         usage: Option<Usage>,
     ) {
-        let row = Row {
-            key: key.to_string(),
-            tenant: tenant.to_string(),
-            model: model.to_string(),
-            backend: backend.to_string(),
-        };
+        let labels = [key, tenant, model, backend];
+        let c = self.rows.get(labels, || Arc::new(Counters::new(labels)));
         let u = usage.unwrap_or_default();
-        {
-            let c = self.rows.entry(row).or_default();
-            c.requests.fetch_add(1, Ordering::Relaxed);
-            c.prompt_tokens
-                .fetch_add(u.prompt_tokens, Ordering::Relaxed);
-            c.completion_tokens
-                .fetch_add(u.completion_tokens, Ordering::Relaxed);
-        }
-        let labels = [
-            ("key", key.to_string()),
-            ("tenant", tenant.to_string()),
-            ("model", model.to_string()),
-            ("backend", backend.to_string()),
-        ];
-        metrics::counter!(m::USAGE_REQUESTS_TOTAL, &labels).increment(1);
-        metrics::counter!(m::USAGE_PROMPT_TOKENS_TOTAL, &labels).increment(u.prompt_tokens);
-        metrics::counter!(m::USAGE_COMPLETION_TOKENS_TOTAL, &labels).increment(u.completion_tokens);
+        c.requests.fetch_add(1, Ordering::Relaxed);
+        c.prompt_tokens
+            .fetch_add(u.prompt_tokens, Ordering::Relaxed);
+        c.completion_tokens
+            .fetch_add(u.completion_tokens, Ordering::Relaxed);
+        c.requests_metric.increment(1);
+        c.prompt_tokens_metric.increment(u.prompt_tokens);
+        c.completion_tokens_metric.increment(u.completion_tokens);
     }
 
     /// Everything counted so far, by row and grouped.
     pub fn report(&self) -> UsageReport {
         let mut rows: Vec<UsageRow> = self
             .rows
-            .iter()
-            .map(|e| {
-                let c = e.value();
+            .snapshot()
+            .into_iter()
+            .map(|([key, tenant, model, backend], c)| {
                 let p = c.prompt_tokens.load(Ordering::Relaxed);
                 let q = c.completion_tokens.load(Ordering::Relaxed);
                 UsageRow {
-                    key: e.key().key.clone(),
-                    tenant: e.key().tenant.clone(),
-                    model: e.key().model.clone(),
-                    backend: e.key().backend.clone(),
+                    key,
+                    tenant,
+                    model,
+                    backend,
                     totals: Totals {
                         requests: c.requests.load(Ordering::Relaxed),
                         prompt_tokens: p,

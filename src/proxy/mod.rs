@@ -253,8 +253,7 @@ async fn proxy(
                     attempt = attempt + 1,
                     "attempt failed: {e}"
                 );
-                metrics::counter!(m::BACKEND_REQUESTS_TOTAL, "backend" => backend.name().to_string(), "outcome" => e.label())
-                    .increment(1);
+                m::backend_request(backend.name(), e.label());
                 backend
                     .state
                     .record_live_failure(&config.health, connect, e.label());
@@ -273,8 +272,7 @@ async fn proxy(
         };
 
         let status = resp.status();
-        metrics::counter!(m::BACKEND_REQUESTS_TOTAL, "backend" => backend.name().to_string(), "outcome" => m::status_class(status.as_u16()))
-            .increment(1);
+        m::backend_request(backend.name(), m::status_class(status.as_u16()));
         if retryable_status(status) && attempt + 1 < config.routing.max_attempts {
             let after = retry_after(resp.headers());
             match status.as_u16() {

@@ -368,15 +368,16 @@ pub fn edit_json(json: &[u8], edits: &Edits) -> Option<Bytes> {
     Some(out)
 }
 
-/// Read a usage object out of a whole (non-streamed) response.
-pub fn usage_of(json: &[u8]) -> Option<Usage> {
-    serde_json::from_slice::<ChunkLite<'_>>(json).ok()?.usage
-}
-
 /// The usage of a whole (non-streamed) response; `Err` when the body is not JSON at all (valid
 /// JSON of an unexpected shape is `Ok(None)`).
 pub fn whole_usage(json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
-    match serde_json::from_slice::<ChunkLite<'_>>(json) {
+    /// Only `usage` is read; the rest is skipped (and checked to be JSON) without allocating.
+    #[derive(Deserialize)]
+    struct Whole {
+        #[serde(default)]
+        usage: Option<Usage>,
+    }
+    match serde_json::from_slice::<Whole>(json) {
         Ok(c) => Ok(c.usage),
         Err(e) if is_json(json, &e) => Ok(None),
         Err(e) => Err(e),
@@ -822,11 +823,27 @@ mod tests {
             &out[..],
             br#"{"id":"chatcmpl-x","model":"llama3","choices":[{"finish_reason":"stop"}]}"#
         );
+    }
+
+    #[test]
+    fn whole_usage_reads_usage_and_rejects_what_is_not_json() {
+        let whole = br#"{"id":"x","choices":[{"message":{"content":"\"usage\": 9"}}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#;
+        let u = whole_usage(whole).unwrap().unwrap();
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (1, 2));
+        assert_eq!(whole_usage(br#"{"id":"x","choices":[]}"#).unwrap(), None);
         assert_eq!(
-            usage_of(br#"{"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#)
-                .unwrap()
-                .completion_tokens,
-            2
+            whole_usage(br#"{"usage":"soon"}"#).unwrap(),
+            None,
+            "JSON of another shape"
+        );
+        assert_eq!(whole_usage(b"[1,2]").unwrap(), None);
+        assert!(
+            whole_usage(br#"{"usage":{"prompt_tokens":1"#).is_err(),
+            "cut body"
+        );
+        assert!(
+            whole_usage(b"data: {}\n\n").is_err(),
+            "an event stream is not JSON"
         );
     }
 }

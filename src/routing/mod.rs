@@ -199,12 +199,7 @@ impl Router {
             }
         };
         let picked = pool[chosen];
-        metrics::counter!(
-            crate::telemetry::metrics::ROUTING_DECISIONS_TOTAL,
-            "policy" => policy.as_str(),
-            "backend" => candidates[picked].0.name().to_string()
-        )
-        .increment(1);
+        crate::telemetry::metrics::routing_decision(policy.as_str(), candidates[picked].0.name());
         Some(picked)
     }
 

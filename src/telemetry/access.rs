@@ -1,8 +1,12 @@
 //! The access log: one line per request, written when the request is over (for a stream, when
 //! its last byte is sent or the client goes away), plus the request metrics.
 
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
+use metrics::{Counter, Histogram};
+
+use super::handles::LabelCache;
 use super::metrics as m;
 
 /// What is known about a request by the time it ends.
@@ -73,32 +77,73 @@ impl AccessRecord {
             usage_estimated = self.usage_estimated,
             "request"
         );
-        let labels = [
-            ("endpoint", self.endpoint.to_string()),
-            ("model", self.model.clone()),
-            ("tenant", self.tenant.clone()),
-            ("backend", backend.to_string()),
-            ("status", class.to_string()),
-        ];
-        metrics::counter!(m::REQUESTS_TOTAL, &labels).increment(1);
-        metrics::histogram!(
-            m::REQUEST_DURATION_SECONDS,
-            "endpoint" => self.endpoint,
-            "model" => self.model.clone(),
-            "status" => class
-        )
-        .record(duration.as_secs_f64());
+        let handles = request_handles(self.endpoint, &self.model, &self.tenant, backend, class);
+        handles.requests.increment(1);
+        handles.duration.record(duration.as_secs_f64());
         if let Some(ttft) = self.ttft {
-            metrics::histogram!(m::TIME_TO_FIRST_TOKEN_SECONDS, "model" => self.model.clone(), "backend" => backend.to_string())
-                .record(ttft.as_secs_f64());
+            handles.ttft.record(ttft.as_secs_f64());
         }
         if let Some(p) = self.prompt_tokens {
-            metrics::counter!(m::PROMPT_TOKENS_TOTAL, "model" => self.model.clone(), "tenant" => self.tenant.clone())
-                .increment(p);
+            handles.prompt_tokens.increment(p);
         }
         if let Some(c) = self.completion_tokens {
-            metrics::counter!(m::COMPLETION_TOKENS_TOTAL, "model" => self.model.clone(), "tenant" => self.tenant.clone())
-                .increment(c);
+            handles.completion_tokens.increment(c);
         }
     }
+}
+
+/// The metrics of a request with one set of labels.
+struct RequestHandles {
+    requests: Counter,
+    duration: Histogram,
+    ttft: Histogram,
+    prompt_tokens: Counter,
+    completion_tokens: Counter,
+}
+
+/// Handles by (endpoint, model, tenant, backend, status class).
+static REQUEST_HANDLES: LazyLock<LabelCache<5, Arc<RequestHandles>>> =
+    LazyLock::new(LabelCache::default);
+
+fn request_handles(
+    endpoint: &'static str,
+    model: &str,
+    tenant: &str,
+    backend: &str,
+    class: &'static str,
+) -> Arc<RequestHandles> {
+    REQUEST_HANDLES.handles([endpoint, model, tenant, backend, class], || {
+        let (model, tenant, backend) = (model.to_string(), tenant.to_string(), backend.to_string());
+        Arc::new(RequestHandles {
+            requests: metrics::counter!(
+                m::REQUESTS_TOTAL,
+                "endpoint" => endpoint,
+                "model" => model.clone(),
+                "tenant" => tenant.clone(),
+                "backend" => backend.clone(),
+                "status" => class
+            ),
+            duration: metrics::histogram!(
+                m::REQUEST_DURATION_SECONDS,
+                "endpoint" => endpoint,
+                "model" => model.clone(),
+                "status" => class
+            ),
+            ttft: metrics::histogram!(
+                m::TIME_TO_FIRST_TOKEN_SECONDS,
+                "model" => model.clone(),
+                "backend" => backend
+            ),
+            prompt_tokens: metrics::counter!(
+                m::PROMPT_TOKENS_TOTAL,
+                "model" => model.clone(),
+                "tenant" => tenant.clone()
+            ),
+            completion_tokens: metrics::counter!(
+                m::COMPLETION_TOKENS_TOTAL,
+                "model" => model,
+                "tenant" => tenant
+            ),
+        })
+    })
 }

@@ -4,9 +4,12 @@
 //! `endpoint` (chat|completions|embeddings), `model` (the client's model name as configured —
 //! unknown names are reported as `unknown`), `backend`, `tenant`, `status` (2xx|4xx|5xx), `state`.
 
-use std::sync::OnceLock;
+use std::sync::{LazyLock, OnceLock};
 
+use metrics::Counter;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use super::handles::LabelCache;
 
 pub const REQUESTS_TOTAL: &str = "sluice_requests_total";
 pub const REQUEST_DURATION_SECONDS: &str = "sluice_request_duration_seconds";
@@ -76,9 +79,15 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
 
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Whether [`handle`] has installed the recorder (metric handles made before are no-ops).
+pub fn recorder_installed() -> bool {
+    HANDLE.get().is_some()
+}
+
 /// The process-wide Prometheus handle; installs the recorder on first use.
 pub fn handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
             let builder = PrometheusBuilder::new()
@@ -91,6 +100,26 @@ pub fn handle() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+/// Count one answer (or failed attempt) of `backend`, by `outcome` (status class or failure).
+pub fn backend_request(backend: &str, outcome: &'static str) {
+    static HANDLES: LazyLock<LabelCache<2, Counter>> = LazyLock::new(LabelCache::default);
+    HANDLES
+        .handles([backend, outcome], || {
+            metrics::counter!(BACKEND_REQUESTS_TOTAL, "backend" => backend.to_string(), "outcome" => outcome)
+        })
+        .increment(1);
+}
+
+/// Count one routing decision of `policy` for `backend`.
+pub fn routing_decision(policy: &'static str, backend: &str) {
+    static HANDLES: LazyLock<LabelCache<2, Counter>> = LazyLock::new(LabelCache::default);
+    HANDLES
+        .handles([policy, backend], || {
+            metrics::counter!(ROUTING_DECISIONS_TOTAL, "policy" => policy, "backend" => backend.to_string())
+        })
+        .increment(1);
 }
 
 /// Count one health probe result.
