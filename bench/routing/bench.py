@@ -31,6 +31,12 @@ Two prefix-cache hit rates:
              The requests ask for stream_options.include_usage, so the usage chunk reaches the
              client. TGI reports no cached tokens: its requests are left out of these rates.
 
+What the workload allows: the run prints (and stores as `warm_ceilings`) the share of measured
+shared-class requests whose system prompt their backend has already seen (with an unbounded
+cache, and with one keeping a prompt 6 s), for round-robin and for one backend per prompt. And how sticky a policy is: the share of
+measured shared-class requests sent where the previous request with their system prompt went
+(`shared_stickiness`).
+
 Usage:
   python3 bench/routing/bench.py                  # full run (~4-5 minutes)
   python3 bench/routing/bench.py --smoke          # seconds; checks the harness
@@ -251,28 +257,95 @@ def pct(values, p):
 
 
 async def drive(port, reqs, rate, warmup_s, seed, timeout):
+    """Send `reqs` open-loop; returns the measured results, how long sending took, and the
+    backend each request (warm-up included) was served by, in arrival order."""
     rng = random.Random(seed)
     results = []
+    served_by = [None] * len(reqs)
     tasks = []
     t0 = time.perf_counter()
     at = 0.0
-    for kind, body in reqs:
+    for i, (kind, body) in enumerate(reqs):
         at += rng.expovariate(rate)
         delay = t0 + at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         measured = at >= warmup_s
 
-        async def run(kind=kind, body=body, measured=measured):
+        async def run(i=i, kind=kind, body=body, measured=measured):
             ok, ttft, e2e, backend, prompt, cached = await one(port, body, timeout)
+            served_by[i] = backend
             if measured:
                 results.append({"kind": kind, "ok": ok, "ttft": ttft, "e2e": e2e,
                                 "backend": backend, "end": time.perf_counter() - t0,
-                                "prompt_tokens": prompt, "cached_tokens": cached})
+                                "prompt_tokens": prompt, "cached_tokens": cached,
+                                "i": i})
         tasks.append(asyncio.ensure_future(run()))
     sent_until = time.perf_counter() - t0
     await asyncio.gather(*tasks)
-    return results, sent_until
+    return results, sent_until, served_by
+
+
+def system_of(reqs):
+    """The system prompt (index) of each shared-class request, None for the others."""
+    systems = {t: i for i, t in enumerate(
+        text(random.Random(1000 + i), 1500) for i in range(N_SYSTEMS))}
+    return [systems[json.loads(body)["messages"][0]["content"]] if kind == "shared" else None
+            for kind, body in reqs]
+
+
+def stickiness(results, served_by, systems):
+    """Of the measured shared-class requests, the share sent to the backend that served the
+    previous request with the same system prompt (warm-up included), and the share sent to
+    the backend that served most of their system prompt's requests."""
+    last, counts, same, n = {}, {}, 0, 0
+    measured = {r["i"] for r in results if r["kind"] == "shared"}
+    for i, s in enumerate(systems):
+        if s is None or served_by[i] is None:
+            continue
+        if i in measured and s in last:
+            n += 1
+            same += served_by[i] == last[s]
+        last[s] = served_by[i]
+        c = counts.setdefault(s, {})
+        c[served_by[i]] = c.get(served_by[i], 0) + 1
+    home = {s: max(c, key=c.get) for s, c in counts.items()}
+    at_home = [served_by[i] == home[systems[i]] for i in measured if served_by[i] is not None]
+    return {"same_as_previous": same / n if n else None,
+            "at_most_used": sum(at_home) / len(at_home) if at_home else None}
+
+
+def warm_ceilings(reqs, rate, seed, warmup_s, within_s=6.0):
+    """What the workload allows: the share of the measured shared-class requests sent to a vLLM
+    backend that has already seen their system prompt, for round-robin (request k to backend
+    k mod 5, the fleet's order) and for one vLLM backend per system prompt (perfect affinity);
+    with an unbounded cache, and with a cache that keeps a prompt `within_s` seconds after its
+    last use (about how long a fast sim's 120k-token cache takes to fill with new prompt tokens
+    at this load). Arrival times as in `drive`. The per-request hit rate is about this share
+    times the system prompt's part of the prompt tokens (~96% in the sims)."""
+    vllm = [i for i, (_, kind, _) in enumerate(FLEET) if kind == "vllm"]
+    rng = random.Random(seed)
+    at = 0.0
+    shared = []
+    for k, system in enumerate(system_of(reqs)):
+        at += rng.expovariate(rate)
+        if system is not None:
+            shared.append((k, at, system))
+
+    def share(backend_of, within):
+        last, warm, n = {}, 0, 0
+        for k, t, s in shared:
+            b = backend_of(k, s)
+            if t >= warmup_s and b in vllm:
+                n += 1
+                warm += (b, s) in last and t - last[(b, s)] <= within
+            last[(b, s)] = t
+        return warm / n if n else None
+
+    policies = {"round-robin": lambda k, s: k % len(FLEET),
+                "one backend per prompt": lambda k, s: vllm[s % len(vllm)]}
+    return {"unbounded": {p: share(f, float("inf")) for p, f in policies.items()},
+            f"kept {within_s:g} s": {p: share(f, within_s) for p, f in policies.items()}}
 
 
 def sim_counters(ports):
@@ -320,7 +393,7 @@ def run_policy(binary, policy, args, reqs, rate, tmp):
         wait_http(f"http://127.0.0.1:{gw}/readyz")
         sim_ports = {n: p for n, (_, p) in ports.items()}
         started = time.perf_counter()
-        results, sent_until = asyncio.run(
+        results, sent_until, served_by = asyncio.run(
             drive(gw, reqs, rate, args.warmup, args.seed, args.timeout))
         wall = time.perf_counter() - started
         hits, queries, per_sim = sim_counters(sim_ports)
@@ -384,6 +457,7 @@ def run_policy(binary, policy, args, reqs, rate, tmp):
         "prefix_cache_hit_rate": hits / queries if queries else None,
         "prefix_cache_hit_rate_measured": measured_hit,
         "prefix_cache_per_backend": per_sim,
+        "shared_stickiness": stickiness(results, served_by, system_of(reqs)),
         "by_kind": by_kind,
         "by_backend": by_backend,
         "learned": speeds,
@@ -512,7 +586,8 @@ def main():
             print(f"{p:16} ok {r['ok']:5} err {r['errors']:3}  TTFT p50 {fmt(r['p50_ttft_s'])} "
                   f"p99 {fmt(r['p99_ttft_s'])}  e2e p50 {fmt(r['p50_e2e_s'])} p99 {fmt(r['p99_e2e_s'])}  "
                   f"{r['throughput_rps']:.1f} req/s  prefix hit {fmt(r['prefix_cache_hit_rate'])} "
-                  f"(shared class {fmt(r['by_kind']['shared']['prefix_hit_rate'])})  "
+                  f"(shared class {fmt(r['by_kind']['shared']['prefix_hit_rate'])}, sent where "
+                  f"its system prompt went last {fmt(r['shared_stickiness']['same_as_previous'])})  "
                   f"share {r['share']}", flush=True)
     by = {r["policy"]: r for r in out}
     ratios = {}
@@ -532,6 +607,10 @@ def main():
             ratios["prefix-affinity/round-robin shared-class hit rate"] = a / b
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}")
+    ceilings = warm_ceilings(reqs, rate, args.seed, args.warmup)
+    for cache, by_policy in ceilings.items():
+        print(f"shared-class requests that could find their system prompt warm, cache {cache}: "
+              + ", ".join(f"{k} {fmt(v)}" for k, v in by_policy.items()))
     doc = {
         "bench": "routing",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -543,6 +622,7 @@ def main():
         "fleet": [{"name": n, "kind": k, "flags": f} for n, k, f in FLEET],
         "results": out,
         "ratios": ratios,
+        "warm_ceilings": ceilings,
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
