@@ -10,7 +10,10 @@ use tokio::net::TcpListener;
 
 /// mimalloc instead of the system allocator: a request allocates a few hundred small blocks,
 /// and glibc's malloc/free were over a quarter of the instructions per request (callgrind,
-/// bench/README.md "Hot path").
+/// bench/README.md "Hot path"). Built with `no_thp`: otherwise mimalloc asks for transparent
+/// huge pages on its arenas, and where the kernel grants them on request (THP "madvise" mode)
+/// each touched arena region costs 2 MiB of resident memory — idle RSS was 21 MB instead of 11,
+/// and an open stream 64 KB instead of 44 KB.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
