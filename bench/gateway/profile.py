@@ -111,7 +111,9 @@ def main():
         procs.stop()
     out_dir = os.path.join(ROOT, "bench", "results")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"profile-{time.strftime('%Y%m%d-%H%M%S')}.json"), "w") as f:
+    config = "bare" if args.bare else "full"
+    results["config"] = config
+    with open(os.path.join(out_dir, f"profile-{config}-{time.strftime('%Y%m%d-%H%M%S')}.json"), "w") as f:
         json.dump(results, f, indent=1)
 
 
