@@ -10,6 +10,10 @@
 //!
 //! Invariant: every value is an `f64` stored as bits in an atomic, 0 meaning "no sample yet";
 //! updates are lock-free and a lost race only drops one sample's weight.
+//!
+//! Beside them, [`Speeds::home_level`] holds the backend's prefix-affinity weight as a
+//! quantised [`Level`] (see `routing::affinity`): a step changes only when what it stands for
+//! moves well past the step, so the homes it decides do not churn as the EWMAs wiggle.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -41,6 +45,42 @@ impl Ewma {
     }
 }
 
+/// A quantised value with hysteresis: an integer level that follows a real-valued input only
+/// when the input is more than a band away from it (0 stored = unset).
+#[derive(Debug, Default)]
+pub struct Level(AtomicU64);
+
+impl Level {
+    /// Stored as `level + BIAS`, so 0 can mean "unset" and negative levels fit.
+    const BIAS: i64 = 1 << 40;
+
+    pub fn get(&self) -> Option<i64> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            v => Some(v as i64 - Self::BIAS),
+        }
+    }
+
+    /// The level after seeing `raw` (in level units): unchanged while `|raw − level| ≤ band`,
+    /// else `raw` rounded. The first finite input sets it. A lost race between two callers
+    /// stores one of two levels computed from nearly the same input.
+    pub fn follow(&self, raw: f64, band: f64) -> Option<i64> {
+        let current = self.get();
+        if !raw.is_finite() {
+            return current;
+        }
+        let raw = raw.clamp(-(Self::BIAS as f64) / 2.0, Self::BIAS as f64 / 2.0);
+        match current {
+            Some(l) if (raw - l as f64).abs() <= band => Some(l),
+            _ => {
+                let l = raw.round() as i64;
+                self.0.store((l + Self::BIAS) as u64, Ordering::Relaxed);
+                Some(l)
+            }
+        }
+    }
+}
+
 /// Measured speeds of one backend.
 #[derive(Debug, Default)]
 pub struct Speeds {
@@ -56,6 +96,13 @@ pub struct Speeds {
     pub samples: AtomicU64,
     /// When the last sample arrived (ms since process start; 0 = never).
     pub last_sample_ms: AtomicU64,
+    /// The prefix-affinity weight of the backend, quantised (set by routing once the backend
+    /// has a measured decode speed).
+    pub home_level: Level,
+    /// The largest batch the engine was seen to hold (learned slots or requests running; 0 =
+    /// none seen). Unlike the learned slots, which read low for a while whenever a full KV
+    /// cache rather than the batch limit holds requests back, it does not move with load.
+    pub batch_seen: AtomicU64,
 }
 
 /// One finished request, as settlement saw it.
@@ -181,6 +228,19 @@ mod tests {
         e.observe(f64::NAN);
         e.observe(-1.0);
         assert!((e.get().unwrap() - 12.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn level_follows_only_moves_beyond_its_band() {
+        let l = Level::default();
+        assert_eq!(l.get(), None);
+        assert_eq!(l.follow(f64::NAN, 1.0), None);
+        assert_eq!(l.follow(-3.4, 1.0), Some(-3));
+        assert_eq!(l.follow(-2.1, 1.0), Some(-3));
+        assert_eq!(l.follow(-3.9, 1.0), Some(-3));
+        assert_eq!(l.follow(-1.8, 1.0), Some(-2));
+        assert_eq!(l.get(), Some(-2));
+        assert_eq!(l.follow(40.0, 1.0), Some(40));
     }
 
     #[test]

@@ -14,13 +14,18 @@
 //! - `token-aware` (default): the lowest expected time to finish this request, from the
 //!   engine's queue, the gateway's tokens in flight and the measured speeds (see [`score`]);
 //!   a full scan up to `routing.p2c_above` eligible backends, power of two choices above.
-//! - `prefix-affinity`: rendezvous hashing of the conversation prefix, so repeated prefixes land
-//!   where their KV cache is warm; bounded by a load guard so a hot prefix cannot swamp a backend.
+//! - `prefix-affinity`: weighted rendezvous hashing of the conversation prefix (weights: the
+//!   backends' learned capacity), so repeated prefixes land where their KV cache is warm, each
+//!   backend homing prefixes in proportion to what it delivers; a request leaves its home only
+//!   when staying would really hurt (it would queue there while another backend has room, or
+//!   its expected TTFT or time is far worse), and a hot prefix cannot swamp a backend (see
+//!   [`affinity`]).
 //!
 //! Whatever the policy, an Ollama node known to have the model loaded is preferred over one
 //! known to have it cold (a model load costs seconds), and each decision is counted in
 //! `sluice_routing_decisions_total{policy,backend}`.
 
+pub mod affinity;
 pub mod score;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -73,15 +78,6 @@ impl RouteInput {
 
 /// Default of `routing.p2c_above`.
 pub const DEFAULT_P2C_ABOVE: usize = 16;
-
-/// How much more loaded than the fleet, relative to its batch slots, a prefix-affinity choice
-/// may be before the load guard sends the request elsewhere.
-const AFFINITY_LOAD_FACTOR: f64 = 1.5;
-/// Slack (in requests) added to the affinity guard, so a lightly loaded fleet keeps affinity.
-const AFFINITY_SLACK: f64 = 2.0;
-/// How much longer than the best backend's expected time an affinity choice (scored with its
-/// prefix warm) may take.
-const AFFINITY_SCORE_FACTOR: f64 = 1.5;
 
 /// Per-policy routing state, shared by all requests.
 #[derive(Debug)]
@@ -266,19 +262,12 @@ pub fn rendezvous_rank(prefix: u64, name: &str) -> u64 {
 }
 
 impl Router {
-    /// Rendezvous order of `prefix`; the first backend in that order that passes both guards,
-    /// else token-aware:
-    /// - load relative to capacity: its requests (gateway in flight or engine running +
-    ///   waiting) at most [`AFFINITY_LOAD_FACTOR`] × the utilisation of the other candidates
-    ///   (Σ busy / Σ slots) × its own slots, + [`AFFINITY_SLACK`]. A fast backend with twice
-    ///   the batch slots carries twice the requests before it counts as overloaded; a mean of
-    ///   request counts would push prefixes off it exactly where they are served best. (The
-    ///   others, not the whole fleet: a backend holding most of the fleet's slots would
-    ///   otherwise never exceed a multiple of a mean it dominates.)
-    /// - expected time: scored with the prefix warm (its prefill discounted, it is expected to
-    ///   be cached there), at most [`AFFINITY_SCORE_FACTOR`] × the best backend's expected time
-    ///   scored cold. Scoring the affinity target cold as well would reject it whenever another
-    ///   backend prefills faster, and the choice would flip with load, scattering the prefix.
+    /// Weighted rendezvous order of `prefix` (weights: the candidates' learned capacity, see
+    /// [`affinity`]); the first backend in that order that passes the guards
+    /// ([`affinity::overloaded`], [`affinity::too_slow`]: scored with its prefix warm against
+    /// every candidate scored cold), else token-aware. Scoring the home cold as well would
+    /// reject it whenever another backend prefills faster, and the choice would flip with load,
+    /// scattering the prefix.
     fn affinity(
         &self,
         backends: &[&Backend],
@@ -286,28 +275,21 @@ impl Router {
         prefix: u64,
         input: RouteInput,
     ) -> usize {
-        let mut order: Vec<usize> = (0..backends.len()).collect();
-        order.sort_by_key(|i| std::cmp::Reverse(rendezvous_rank(prefix, backends[*i].name())));
+        let weights = affinity::home_weights(backends);
+        let names: Vec<&str> = backends.iter().map(|b| b.name()).collect();
+        let order = affinity::home_order(&names, &weights, prefix);
         let prior = score::Prior::of(backends);
         let cold = input.score_request();
         let warm = input.warm_request();
         let cold: Vec<score::Breakdown> = (0..backends.len())
             .map(|i| score::breakdown(backends[i], models[i], cold, prior))
             .collect();
-        let best = cold.iter().map(|b| b.score).fold(f64::INFINITY, f64::min);
-        let busy: f64 = cold.iter().map(|b| b.busy).sum();
-        let slots: f64 = cold.iter().map(|b| b.slots).sum();
         for i in order {
-            let other_slots = slots - cold[i].slots;
-            if other_slots > 0.0 {
-                let others = (busy - cold[i].busy).max(0.0) / other_slots;
-                let bound = others * AFFINITY_LOAD_FACTOR * cold[i].slots + AFFINITY_SLACK;
-                if cold[i].busy > bound {
-                    continue;
-                }
+            if affinity::overloaded(&cold, i) {
+                continue;
             }
-            let warm_score = score::breakdown(backends[i], models[i], warm, prior).score;
-            if warm_score <= best * AFFINITY_SCORE_FACTOR {
+            let warm = score::breakdown(backends[i], models[i], warm, prior);
+            if !affinity::too_slow(&warm, &cold) {
                 return i;
             }
         }
@@ -319,6 +301,7 @@ impl Router {
 mod tests {
     use super::*;
     use crate::config::{BackendConfig, BackendKind, Timeouts};
+    use crate::fleet::signals::Signals;
     use crate::fleet::{BackendState, Health, LoadGuard};
 
     fn backends(n: usize) -> Vec<(Arc<Backend>, String)> {
@@ -430,7 +413,15 @@ mod tests {
 
     #[test]
     fn affinity_is_sticky_bounded_and_moves_few_keys() {
-        let c = backends(4);
+        // batches of 32 (a configured cap): nothing queues, the backstop load guard bounds
+        let c: Vec<_> = backends(4)
+            .into_iter()
+            .map(|(b, m)| {
+                let mut cfg = b.config.clone();
+                cfg.max_concurrent = Some(32);
+                (Arc::new(Backend::new(cfg, b.state.clone())), m)
+            })
+            .collect();
         let r = Router::new();
         let input = |h| RouteInput {
             tokens: 10,
@@ -447,7 +438,7 @@ mod tests {
                 Some(first)
             );
         }
-        // load guard: swamp the sticky backend
+        // load guard: 20 of 32 busy while the others idle is more than half the batch + 2
         let _g: Vec<_> = (0..20)
             .map(|_| LoadGuard::new(c[first].0.state.clone(), 10))
             .collect();
@@ -458,6 +449,7 @@ mod tests {
         drop(_g);
 
         // removing one backend of 4 moves only the keys that lived on it (~1/4)
+        drop(c);
         let five = backends(5);
         let four: Vec<_> = five[..4].to_vec();
         let keys = 2000u64;
@@ -494,11 +486,11 @@ mod tests {
         }
     }
 
-    /// The candidate the rendezvous order puts first for `prefix`.
+    /// The candidate the weighted rendezvous order puts first for `prefix` (its home).
     fn affinity_target(c: &[(Arc<Backend>, String)], prefix: u64) -> usize {
-        (0..c.len())
-            .max_by_key(|i| rendezvous_rank(prefix, c[*i].0.name()))
-            .unwrap()
+        let b: Vec<&Backend> = c.iter().map(|(b, _)| b.as_ref()).collect();
+        let names: Vec<&str> = b.iter().map(|b| b.name()).collect();
+        affinity::home_order(&names, &affinity::home_weights(&b), prefix)[0]
     }
 
     fn shared_prompt(prefix: u64) -> RouteInput {
@@ -540,36 +532,69 @@ mod tests {
     }
 
     #[test]
-    fn affinity_load_guard_is_relative_to_batch_slots() {
+    fn affinity_stays_home_through_a_short_queue_and_leaves_a_deep_one() {
         let mut c = backends(3);
         let prefix = 11;
         let target = affinity_target(&c, prefix);
         for (i, (b, _)) in c.iter_mut().enumerate() {
             let mut cfg = b.config.clone();
-            cfg.max_concurrent = Some(if i == target { 32 } else { 8 });
+            cfg.max_concurrent = Some(if i == target { 128 } else { 8 });
             *b = Arc::new(Backend::new(cfg, b.state.clone()));
         }
+        // the engine's batch, learned: 32 at the home
+        c[target].0.state.signals.store(Arc::new(Signals {
+            at_ms: crate::fleet::backend::now_ms().max(1),
+            interval_ms: 1000,
+            learned_slots: Some(32),
+            ..Signals::default()
+        }));
         let r = Router::new();
         let input = shared_prompt(prefix);
-        // 10 of 32 slots busy on the big backend, 2 of 8 on the small ones: the same share of
-        // its capacity, so affinity holds (a mean of request counts, 4.7, would reject it)
-        let mut guards: Vec<_> = (0..10)
-            .map(|_| LoadGuard::new(c[target].0.state.clone(), 100))
-            .collect();
+        let mut others: Vec<_> = Vec::new();
         for (i, (b, _)) in c.iter().enumerate() {
             if i != target {
-                guards.extend((0..2).map(|_| LoadGuard::new(b.state.clone(), 100)));
+                others.extend((0..2).map(|_| LoadGuard::new(b.state.clone(), 100)));
             }
         }
-        assert_eq!(
-            r.pick(PolicyKind::PrefixAffinity, &c, &[], input),
-            Some(target)
-        );
-        // 26 of 32 busy while the others stay at 2 of 8: overloaded relative to the rest
-        guards.extend((0..16).map(|_| LoadGuard::new(c[target].0.state.clone(), 100)));
+        // 33 at home on 32 slots: this one would wait behind two short answers; it stays (the
+        // others have room, but moving would cost the prefix its cache for a few ms)
+        let mut guards: Vec<_> = (0..33)
+            .map(|_| LoadGuard::new(c[target].0.state.clone(), 100))
+            .collect();
+        for _ in 0..4 {
+            assert_eq!(
+                r.pick(PolicyKind::PrefixAffinity, &c, &[], input),
+                Some(target)
+            );
+        }
+        // a deep queue of long answers: it leaves
+        guards.extend((0..31).map(|_| LoadGuard::new(c[target].0.state.clone(), 2000)));
         assert_ne!(
             r.pick(PolicyKind::PrefixAffinity, &c, &[], input),
             Some(target)
         );
+    }
+
+    #[test]
+    fn affinity_homes_prefixes_in_proportion_to_learned_capacity() {
+        let c = backends(2);
+        // the same prefill, twice the decode speed at the same batch slots: twice the weight
+        measure(&c[0].0, 20_000.0, 100.0);
+        measure(&c[1].0, 20_000.0, 50.0);
+        let r = Router::new();
+        let keys = 4000u64;
+        let to_fast = (0..keys)
+            .filter(|k| {
+                r.pick(
+                    PolicyKind::PrefixAffinity,
+                    &c,
+                    &[],
+                    shared_prompt(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                ) == Some(0)
+            })
+            .count();
+        let share = to_fast as f64 / keys as f64;
+        // 2/3 (binomial sd 0.75 percentage points at 4000 keys)
+        assert!((share - 2.0 / 3.0).abs() < 0.03, "fast share {share}");
     }
 }

@@ -281,6 +281,9 @@ pub fn admin_view(b: &Backend) -> serde_json::Value {
             "service_seconds": sp.service_seconds.get(),
             "busy_seen": sp.busy_seen(),
             "samples": sp.samples.load(Ordering::Relaxed),
+            // prefix-affinity weight: capacity at a full batch, and its quantised step
+            "capacity_tokens_per_second": super::affinity::learned_capacity(b),
+            "home_level": sp.home_level.get(),
         },
         "gateway": {
             "inflight_requests": b.state.inflight_requests.load(Ordering::Relaxed),

@@ -75,6 +75,10 @@ pub struct Timing {
     pub decode_per_seq: Duration,
     /// Prefix-cache block size in tokens (only whole blocks are cached, as in vLLM).
     pub block_size: u32,
+    /// Tokens the prefix cache may keep (`None`: the KV capacity). Less than the KV capacity
+    /// stands for an engine whose free KV blocks, where vLLM keeps cached prefixes, are few;
+    /// admission still uses `kv_capacity_tokens`.
+    pub prefix_cache_tokens: Option<u64>,
     /// Range of the "natural" answer length (the model stops by itself) in tokens.
     pub min_output_tokens: u32,
     /// Upper end of the natural answer length.
@@ -90,6 +94,7 @@ impl Default for Timing {
             decode_base: Duration::from_millis(15),
             decode_per_seq: Duration::from_micros(150),
             block_size: 16,
+            prefix_cache_tokens: None,
             min_output_tokens: 16,
             max_output_tokens: 128,
         }
@@ -394,6 +399,9 @@ pub struct SimArgs {
     /// Prefix-cache block size in tokens.
     #[arg(long)]
     pub block_size: Option<u32>,
+    /// Tokens the prefix cache may keep (default: the KV capacity).
+    #[arg(long)]
+    pub prefix_cache_tokens: Option<u64>,
     /// Shortest natural answer in tokens.
     #[arg(long)]
     pub min_output_tokens: Option<u32>,
@@ -469,6 +477,9 @@ impl SimArgs {
         }
         if let Some(v) = self.kv_capacity_tokens {
             t.kv_capacity_tokens = v;
+        }
+        if self.prefix_cache_tokens.is_some() {
+            t.prefix_cache_tokens = self.prefix_cache_tokens;
         }
         if let Some(v) = self.prefill_us_per_token {
             t.prefill_per_token = Duration::from_micros(v);

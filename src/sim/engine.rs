@@ -85,7 +85,11 @@ impl Engine {
         let (tx, rx) = mpsc::unbounded_channel();
         let sched = Scheduler {
             prefix: PrefixCache::new(
-                (timing.kv_capacity_tokens / u64::from(timing.block_size.max(1))).max(1) as usize,
+                (timing
+                    .prefix_cache_tokens
+                    .unwrap_or(timing.kv_capacity_tokens)
+                    / u64::from(timing.block_size.max(1)))
+                .max(1) as usize,
                 timing.block_size.max(1),
             ),
             timing,
@@ -314,8 +318,9 @@ impl Scheduler {
 /// request's blocks in reverse order), so a shared prefix outlives the suffixes hanging off it
 /// (a chained hash makes a block useless once a block before it is gone).
 ///
-/// Simplification: the whole KV capacity is cache; vLLM caches only in blocks no running
-/// request holds, so under load its cache is smaller than this one.
+/// Simplification: by default the whole KV capacity is cache; vLLM caches only in blocks no
+/// running request holds, so under load its cache is smaller than this one
+/// (`--prefix-cache-tokens` sets a smaller one).
 struct PrefixCache {
     /// Block hash → its last use (a tick of `clock`).
     blocks: HashMap<u64, u64>,
