@@ -126,6 +126,9 @@ pub struct QueueSection {
 #[serde(deny_unknown_fields)]
 pub struct ServerSection {
     pub listen: Option<String>,
+    /// Threads serving client connections, each with its own connection pools (default: one
+    /// per core).
+    pub threads: Option<u64>,
     /// Largest request body, in bytes.
     pub max_body_bytes: Option<u64>,
     /// Largest non-streaming response body read from a backend, in bytes.

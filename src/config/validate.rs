@@ -16,6 +16,8 @@ use super::file::{FileConfig, TimeoutsSection};
 /// Default largest request body: enough for a 128k-token prompt with room to spare.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+/// Most threads `[server] threads` may ask for.
+pub const MAX_SERVER_THREADS: u64 = 1024;
 
 /// The validated configuration a gateway runs on.
 #[derive(Debug, Clone)]
@@ -86,6 +88,8 @@ pub struct ReloadConfig {
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
+    /// Threads serving client connections (`crate::server::shards`); `None`: one per core.
+    pub threads: Option<usize>,
     pub max_body_bytes: usize,
     pub max_response_bytes: usize,
     pub shutdown_grace: Duration,
@@ -704,8 +708,13 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         }
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
     };
+    let threads = f
+        .server
+        .threads
+        .map(|n| bounded(&mut p, "server.threads", n, 1, MAX_SERVER_THREADS));
     let server = ServerConfig {
         listen,
+        threads,
         max_body_bytes,
         max_response_bytes,
         shutdown_grace: duration(

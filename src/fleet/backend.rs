@@ -20,7 +20,8 @@ use hyper_util::rt::TokioExecutor;
 use crate::config::{BackendConfig, BackendKind, HealthConfig};
 
 pub type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
-/// The upstream client: one per backend, so each has its own pool and connect timeout.
+/// The upstream client: one per backend (and per shard, see [`Backend::client`]), so each has its
+/// own pool and connect timeout.
 pub type HttpClient = Client<HttpsConnector, Full<Bytes>>;
 
 /// Where a backend stands, as routing and `/admin/backends` see it.
@@ -297,14 +298,18 @@ impl BackendState {
 pub struct Backend {
     pub config: BackendConfig,
     pub state: Arc<BackendState>,
-    pub client: HttpClient,
+    /// Connection pools, made on first use: slot 0 for the control runtime (probes, scraping,
+    /// discovery), then one per shard of the client listener.
+    pools: Box<[OnceLock<HttpClient>]>,
     /// Client model name → backend name, from the config.
     configured: ModelMap,
 }
 
 impl Backend {
     pub fn new(config: BackendConfig, state: Arc<BackendState>) -> Backend {
-        let client = build_client(&config);
+        let pools = (0..=crate::server::shards::default_count())
+            .map(|_| OnceLock::new())
+            .collect();
         let mut configured = ModelMap::new();
         for m in &config.models {
             let backend_name = config
@@ -317,13 +322,26 @@ impl Backend {
         Backend {
             config,
             state,
-            client,
+            pools,
             configured,
         }
     }
 
     pub fn name(&self) -> &str {
         &self.config.name
+    }
+
+    /// The HTTP client for this thread: a shard's own pool, so the connections a shard's
+    /// requests use are driven by that shard and no request wakes another thread (see
+    /// [`crate::server::shards`]); the control runtime's pool elsewhere. Shards beyond the
+    /// cores (`[server] threads` above them) share pools, which is correct, only less local.
+    pub fn client(&self) -> &HttpClient {
+        let n = self.pools.len();
+        let i = match crate::server::shards::current() {
+            0 => 0,
+            s => 1 + (s - 1) % n.saturating_sub(1).max(1),
+        };
+        self.pools[i.min(n - 1)].get_or_init(|| build_client(&self.config))
     }
 
     pub fn kind(&self) -> BackendKind {
@@ -542,5 +560,36 @@ mod tests {
         let share = s.slow_start_share(Duration::from_secs(5));
         assert!((SLOW_START_MIN_SHARE..0.2).contains(&share), "{share}");
         assert_eq!(s.slow_start_share(Duration::ZERO), 1.0);
+    }
+
+    #[test]
+    fn each_shard_has_its_own_pool() {
+        let b = Arc::new(backend(
+            BackendKind::Vllm,
+            "http://127.0.0.1:1",
+            &["m"],
+            &[],
+        ));
+        let pool = |b: &Backend| b.client() as *const HttpClient as usize;
+        let control = pool(&b);
+        assert_eq!(control, pool(&b), "one pool per thread, kept");
+        let on_shard = |i: usize| {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                crate::server::shards::enter(i);
+                pool(&b)
+            })
+            .join()
+            .unwrap()
+        };
+        let first = on_shard(1);
+        assert_ne!(first, control, "a shard does not share the control pool");
+        assert_eq!(first, on_shard(1), "the same shard, the same pool");
+        if crate::server::shards::default_count() > 1 {
+            assert_ne!(first, on_shard(2), "another shard, another pool");
+        }
+        // shards beyond the cores share pools, never the control one
+        let beyond = on_shard(crate::server::shards::default_count() + 1);
+        assert_ne!(beyond, control);
     }
 }

@@ -331,7 +331,7 @@ pub(crate) async fn get(
     let req = req
         .body(Full::new(Bytes::new()))
         .map_err(|e| ProbeOutcome::Unhealthy(format!("bad probe request: {e}")))?;
-    let resp = backend.client.request(req).await.map_err(|e| {
+    let resp = backend.client().request(req).await.map_err(|e| {
         ProbeOutcome::Refused(format!(
             "{path}: {}",
             crate::proxy::forward::describe_client_error(&e)

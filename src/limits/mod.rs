@@ -353,12 +353,11 @@ impl Held {
                 l.settle(&self.checks, &self.periods, delta, self.window_ms, now_ms())
             }
             Some(Store::Shared(r)) => {
-                let Ok(rt) = tokio::runtime::Handle::try_current() else {
-                    return; // no runtime: leases expire on their own
-                };
                 let (checks, periods, lease, window) =
                     (self.checks, self.periods, self.lease, self.window_ms);
-                rt.spawn(async move {
+                let store = r.clone();
+                // On the store's runtime; outside any runtime the leases expire on their own.
+                let _ = store.spawn(async move {
                     if let Err(e) = r.settle(&checks, &periods, delta, window, &lease).await {
                         tracing::warn!("shared limits: could not settle a request: {e}");
                     }

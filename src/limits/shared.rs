@@ -230,6 +230,8 @@ pub enum SharedError {
     Resting,
     #[error("unexpected reply from the limits script")]
     BadReply,
+    #[error("no runtime to reach Redis from")]
+    NoRuntime,
 }
 
 /// The Redis-backed store of one gateway process.
@@ -242,6 +244,10 @@ pub struct RedisStore {
     admit: Script,
     settle: Script,
     renew: Script,
+    /// The runtime the store was made on (the control runtime): its Redis connection, lease
+    /// renewals and settlements run there, not on the shard that served the request, so they
+    /// outlive any one shard at shutdown (see `crate::server::shards`).
+    background: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -271,7 +277,21 @@ impl RedisStore {
             admit: Script::new(&format!("{CALENDAR}{ADMIT}")),
             settle: Script::new(&format!("{CALENDAR}{SETTLE}")),
             renew: Script::new(RENEW),
+            background: tokio::runtime::Handle::try_current().ok(),
         })
+    }
+
+    /// Run `task` on the store's runtime (the current one if it was made outside any); `None`
+    /// outside every runtime.
+    pub(super) fn spawn<F>(&self, task: F) -> Option<tokio::task::JoinHandle<F::Output>>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self.background {
+            Some(h) => Some(h.spawn(task)),
+            None => Some(tokio::runtime::Handle::try_current().ok()?.spawn(task)),
+        }
     }
 
     pub fn url(&self) -> &str {
@@ -302,12 +322,20 @@ impl RedisStore {
             .set_response_timeout(CALL_TIMEOUT)
             .set_number_of_retries(1)
             .set_max_delay(200);
-        let c = tokio::time::timeout(
-            CALL_TIMEOUT * 2,
-            ConnectionManager::new_with_config(self.client.clone(), config),
-        )
-        .await
-        .map_err(|_| SharedError::Timeout(CALL_TIMEOUT * 2))??;
+        // Made on the store's runtime, so the connection's driver task lives there.
+        let client = self.client.clone();
+        let made = self
+            .spawn(async move {
+                tokio::time::timeout(
+                    CALL_TIMEOUT * 2,
+                    ConnectionManager::new_with_config(client, config),
+                )
+                .await
+            })
+            .ok_or(SharedError::NoRuntime)?
+            .await
+            .map_err(|_| SharedError::NoRuntime)?;
+        let c = made.map_err(|_| SharedError::Timeout(CALL_TIMEOUT * 2))??;
         *slot = Some(c.clone());
         Ok(c)
     }
@@ -429,10 +457,10 @@ impl Renewal {
         if checks.is_empty() {
             return None;
         }
-        let rt = tokio::runtime::Handle::try_current().ok()?;
         let lease = lease.to_string();
         let every = store.lease_ttl / 3;
-        let task = rt.spawn(async move {
+        let renewing = store.clone();
+        let task = renewing.spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
                 match store.renew(&checks, &lease).await {
@@ -445,7 +473,7 @@ impl Renewal {
                     Err(e) => tracing::debug!("shared limits: lease renewal failed: {e}"),
                 }
             }
-        });
+        })?;
         Some(Renewal(task.abort_handle()))
     }
 }

@@ -61,7 +61,7 @@ pub async fn send(
         .body(Full::new(body))
         .map_err(|e| AttemptError::Build(e.to_string()))?;
     *req.headers_mut() = headers;
-    match tokio::time::timeout(timeout, backend.client.request(req)).await {
+    match tokio::time::timeout(timeout, backend.client().request(req)).await {
         Err(_) => Err(AttemptError::Timeout(timeout)),
         Ok(Ok(resp)) => Ok(resp),
         Ok(Err(e)) => {

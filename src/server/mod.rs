@@ -34,6 +34,7 @@ pub mod admission;
 pub mod dashboard;
 pub mod guard;
 pub mod routes;
+pub mod shards;
 pub mod tls;
 
 use std::convert::Infallible;
@@ -77,6 +78,8 @@ pub struct ListenerLimits {
     /// 0: no per-address cap.
     pub max_connections_per_ip: usize,
     pub conn: ConnectionLimits,
+    /// Threads serving its connections ([`shards`]); 0: the caller's runtime serves them.
+    pub shards: usize,
 }
 
 impl ListenerLimits {
@@ -87,6 +90,7 @@ impl ListenerLimits {
             max_connections: c.connections.max_connections,
             max_connections_per_ip: c.connections.max_connections_per_ip,
             conn: c.connections,
+            shards: c.threads.unwrap_or_else(shards::default_count),
         }
     }
 
@@ -98,6 +102,7 @@ impl ListenerLimits {
             max_connections: c.admin.as_ref().map_or(256, |a| a.max_connections),
             max_connections_per_ip: 0,
             conn: c.server.connections,
+            shards: 0,
         }
     }
 }
@@ -110,6 +115,7 @@ impl Default for ListenerLimits {
             max_connections: conn.max_connections,
             max_connections_per_ip: conn.max_connections_per_ip,
             conn,
+            shards: 0,
         }
     }
 }
@@ -175,6 +181,19 @@ pub async fn serve_with_tls(
     );
     let conn_limits = Arc::new(limits.conn);
     let (stage_tx, stage_rx) = watch::channel(Stage::Running);
+    let mut shards = match limits.shards {
+        0 => None,
+        n => match shards::Shards::start(n, limits.name, &stage_rx) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(
+                    listener = limits.name,
+                    "{e}; serving the listener on the main runtime instead"
+                );
+                None
+            }
+        },
+    };
     tokio::pin!(shutdown);
     let mut accept_errors = 0u32;
     loop {
@@ -216,42 +235,95 @@ pub async fn serve_with_tls(
             listener: limits.name,
             stage: stage_rx.clone(),
         };
-        let Some(tls) = &tls else {
-            tokio::spawn(async move {
-                let _slot = slot;
-                conn.run(stream).await;
-            });
+        let accepted = Accepted {
+            conn,
+            peer,
+            slot,
+            tls: tls.as_ref().map(|t| t.acceptor()),
+        };
+        let Some(shards) = &mut shards else {
+            tokio::spawn(accepted.serve(stream, None));
             continue;
         };
-        let acceptor = tls.acceptor();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let stream =
-                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        metrics::counter!(m::TLS_HANDSHAKE_ERRORS_TOTAL).increment(1);
-                        tracing::debug!(peer = %peer, "TLS handshake failed: {e}");
-                        return;
-                    }
-                    Err(_) => {
-                        metrics::counter!(m::TLS_HANDSHAKE_ERRORS_TOTAL).increment(1);
-                        tracing::debug!(peer = %peer, "TLS handshake timed out");
-                        return;
-                    }
-                };
-            conn.run(stream).await;
-        });
+        // Moved to its shard's runtime: leaves this one's reactor here, joins the shard's
+        // there.
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(peer = %peer, "cannot hand the connection to a shard: {e}");
+                continue;
+            }
+        };
+        let placed = shards.place(Box::new(
+            move |placement| match tokio::net::TcpStream::from_std(stream) {
+                Ok(stream) => {
+                    tokio::spawn(accepted.serve(stream, Some(placement)));
+                }
+                Err(e) => tracing::debug!(peer = %peer, "cannot serve the connection: {e}"),
+            },
+        ));
+        if placed.is_err() {
+            tracing::error!(peer = %peer, "a shard of the {} listener is gone; connection closed", limits.name);
+        }
     }
     drop(listener);
     drop(stage_rx);
     let _ = stage_tx.send(Stage::Draining);
-    tokio::select! {
-        () = stage_tx.closed() => {}
-        () = tokio::time::sleep(grace) => {
-            tracing::warn!("shutdown grace of {grace:?} over; dropping the connections still open");
-            let _ = stage_tx.send(Stage::Abort);
-        }
+    // The shards take no more connections; each ends once its own have (every connection, and
+    // each shard until it ends, holds a stage receiver, so `closed` covers them all).
+    let closing = shards.map(shards::Shards::close);
+    if tokio::time::timeout(grace, stage_tx.closed())
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown grace of {grace:?} over; dropping the connections still open");
+        let _ = stage_tx.send(Stage::Abort);
+    }
+    if let Some(c) = closing {
+        c.wait().await;
+    }
+}
+
+/// An admitted connection on its way to the task that serves it.
+struct Accepted {
+    conn: Conn,
+    peer: std::net::SocketAddr,
+    slot: admission::ConnectionGuard,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl Accepted {
+    /// Serve the connection to its end: the TLS handshake first, when there is one (bounded,
+    /// in this task, so a slow client never stalls the accept loop). The admission slot and
+    /// the shard placement are held until then.
+    async fn serve(self, stream: tokio::net::TcpStream, placement: Option<shards::Placement>) {
+        let Accepted {
+            conn,
+            peer,
+            slot,
+            tls,
+        } = self;
+        let _slot = slot;
+        let _placement = placement;
+        let Some(acceptor) = tls else {
+            conn.run(stream).await;
+            return;
+        };
+        let stream =
+            match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    metrics::counter!(m::TLS_HANDSHAKE_ERRORS_TOTAL).increment(1);
+                    tracing::debug!(peer = %peer, "TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    metrics::counter!(m::TLS_HANDSHAKE_ERRORS_TOTAL).increment(1);
+                    tracing::debug!(peer = %peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+        conn.run(stream).await;
     }
 }
 
