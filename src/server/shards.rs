@@ -52,11 +52,12 @@ pub fn default_count() -> usize {
 /// given the connection's [`Placement`].
 pub type Job = Box<dyn FnOnce(Placement) + Send + 'static>;
 
-/// One shard's count of open connections, and the wake-up for its last one ending.
-#[derive(Default)]
+/// One shard's count of open connections (also its `sluice_shard_connections_open`), and the
+/// wake-up for its last one ending.
 struct Load {
     open: AtomicUsize,
     idle: Notify,
+    gauge: metrics::Gauge,
 }
 
 /// One shard as the accept loop sees it.
@@ -80,6 +81,7 @@ pub struct Placement {
 
 impl Drop for Placement {
     fn drop(&mut self) {
+        self.load.gauge.decrement(1.0);
         if self.load.open.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.load.idle.notify_one();
         }
@@ -112,7 +114,13 @@ impl Shards {
                 .map_err(ShardError::Runtime)?;
             let (jobs, mut rx) = mpsc::unbounded_channel::<Job>();
             let (done_tx, done) = oneshot::channel();
-            let load = Arc::new(Load::default());
+            let gauge = metrics::gauge!(crate::telemetry::metrics::SHARD_CONNECTIONS_OPEN, "listener" => listener, "shard" => i.to_string());
+            gauge.set(0.0);
+            let load = Arc::new(Load {
+                open: AtomicUsize::new(0),
+                idle: Notify::new(),
+                gauge,
+            });
             let shard_load = load.clone();
             let mut stage = stage.clone();
             std::thread::Builder::new()
@@ -169,8 +177,10 @@ impl Shards {
         self.next = (best + 1) % n;
         let shard = &self.shards[best];
         shard.load.open.fetch_add(1, Ordering::AcqRel);
+        shard.load.gauge.increment(1.0);
         if let Err(mpsc::error::SendError(job)) = shard.jobs.send(job) {
             shard.load.open.fetch_sub(1, Ordering::AcqRel);
+            shard.load.gauge.decrement(1.0);
             return Err(job);
         }
         Ok(())

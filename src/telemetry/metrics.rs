@@ -64,6 +64,9 @@ pub const TLS_HANDSHAKE_ERRORS_TOTAL: &str = "sluice_tls_handshake_errors_total"
 pub const BUILD_INFO: &str = "sluice_build_info";
 /// Connections open now, by `listener` (client|admin).
 pub const CONNECTIONS_OPEN: &str = "sluice_connections_open";
+/// Connections open now per serving thread, by `listener` and `shard` (1..N, see
+/// `[server] threads`): how evenly the threads share the connections.
+pub const SHARD_CONNECTIONS_OPEN: &str = "sluice_shard_connections_open";
 /// Connections closed at accept by a limit, by `listener` and `reason`
 /// (max_connections|max_connections_per_ip).
 pub const CONNECTIONS_REJECTED_TOTAL: &str = "sluice_connections_rejected_total";

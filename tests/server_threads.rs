@@ -1,0 +1,119 @@
+//! The serving threads (`[server] threads`): connections are spread over them, each thread
+//! serves its connections (streamed and whole answers, kept alive) and forwards on its own
+//! backend connections, and a connection that closes frees its place. One gateway per test
+//! binary: the per-thread gauge is process-wide, as in a real deployment.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{backend, chat_body, client, eventually, sim, sse_data, TestGateway};
+use sluice::sim::SimKind;
+
+const THREADS: usize = 3;
+
+fn per_thread(metrics: &str) -> Vec<f64> {
+    (1..=THREADS)
+        .map(|i| {
+            let key = format!("sluice_shard_connections_open{{listener=\"client\",shard=\"{i}\"}}");
+            metrics
+                .lines()
+                .find(|l| l.starts_with(&key))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1.0)
+        })
+        .collect()
+}
+
+async fn metrics(g: &TestGateway) -> String {
+    client()
+        .get(g.admin_url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn connections_are_spread_over_the_threads_and_served_there() {
+    let s = sim(SimKind::Vllm, &["m"]).await;
+    let g = TestGateway::start_healthy(&format!(
+        "[server]\nthreads = {THREADS}\n[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+        backend("a", "vllm", &s.url(), &["m"])
+    ))
+    .await;
+
+    // Six clients of one connection each, all kept alive.
+    let clients: Vec<reqwest::Client> = (0..2 * THREADS)
+        .map(|_| {
+            reqwest::Client::builder()
+                .pool_max_idle_per_host(1)
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    for c in &clients {
+        let r = c
+            .post(g.url("/v1/chat/completions"))
+            .json(&chat_body("m", false, 8))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["object"], "chat.completion");
+    }
+    let g2 = &g;
+    eventually(
+        Duration::from_secs(10),
+        "two connections per thread",
+        || async move { per_thread(&metrics(g2).await) == vec![2.0; THREADS] },
+    )
+    .await;
+
+    // Every connection goes on being served on its thread: streamed, then whole, concurrently.
+    let mut tasks = Vec::new();
+    for c in clients.iter().cloned() {
+        let url = g.url("/v1/chat/completions");
+        tasks.push(tokio::spawn(async move {
+            let r = c
+                .post(&url)
+                .json(&chat_body("m", true, 16))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let events = sse_data(&r.text().await.unwrap());
+            assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+            let r = c
+                .post(&url)
+                .json(&chat_body("m", false, 4))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        per_thread(&metrics(&g).await),
+        vec![2.0; THREADS],
+        "the same connections were reused"
+    );
+
+    // Closed connections free their places.
+    drop(clients);
+    eventually(
+        Duration::from_secs(10),
+        "no connection left",
+        || async move { per_thread(&metrics(g2).await) == vec![0.0; THREADS] },
+    )
+    .await;
+    g.stop().await;
+}
