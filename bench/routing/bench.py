@@ -37,8 +37,15 @@ cache, and with one keeping a prompt 6 s), for round-robin and for one backend p
 measured shared-class requests sent where the previous request with their system prompt went
 (`shared_stickiness`).
 
+Caches under pressure (`--prefix-cache-share F`): each sim's prefix cache keeps only F of its
+KV capacity (`sluice sim --prefix-cache-tokens`); admission, batch and speeds are unchanged, so
+the fleet's capacity and the offered load are the same. It stands for engines whose free KV
+blocks (where vLLM keeps cached prefixes) are small next to the distinct system prompts (48 x
+~1500 tokens here). Results go to bench/results/routing-pressure.{json,svg}.
+
 Usage:
   python3 bench/routing/bench.py                  # full run (~4-5 minutes)
+  python3 bench/routing/bench.py --prefix-cache-share 0.33   # caches under pressure
   python3 bench/routing/bench.py --smoke          # seconds; checks the harness
   python3 bench/routing/bench.py --binary PATH    # use an existing sluice binary
 """
@@ -297,8 +304,9 @@ def system_of(reqs):
 def stickiness(results, served_by, systems):
     """Of the measured shared-class requests, the share sent to the backend that served the
     previous request with the same system prompt (warm-up included), and the share sent to
-    the backend that served most of their system prompt's requests."""
-    last, counts, same, n = {}, {}, 0, 0
+    the backend that served most of their system prompt's requests; and the moves (previous
+    backend -> this one) counted."""
+    last, counts, same, n, moves = {}, {}, 0, 0, {}
     measured = {r["i"] for r in results if r["kind"] == "shared"}
     for i, s in enumerate(systems):
         if s is None or served_by[i] is None:
@@ -306,13 +314,18 @@ def stickiness(results, served_by, systems):
         if i in measured and s in last:
             n += 1
             same += served_by[i] == last[s]
+            if served_by[i] != last[s]:
+                move = f"{last[s]}->{served_by[i]}"
+                moves[move] = moves.get(move, 0) + 1
         last[s] = served_by[i]
         c = counts.setdefault(s, {})
         c[served_by[i]] = c.get(served_by[i], 0) + 1
     home = {s: max(c, key=c.get) for s, c in counts.items()}
     at_home = [served_by[i] == home[systems[i]] for i in measured if served_by[i] is not None]
     return {"same_as_previous": same / n if n else None,
-            "at_most_used": sum(at_home) / len(at_home) if at_home else None}
+            "at_most_used": sum(at_home) / len(at_home) if at_home else None,
+            # measured requests sent elsewhere than the previous one with their system prompt
+            "moves": dict(sorted(moves.items(), key=lambda kv: -kv[1]))}
 
 
 def warm_ceilings(reqs, rate, seed, warmup_s, within_s=6.0):
@@ -371,6 +384,9 @@ def run_policy(binary, policy, args, reqs, rate, tmp):
         for name, kind, extra in FLEET:
             port = free_port()
             flags = VLLM_FLAGS if kind == "vllm" else []
+            if args.prefix_cache_share:
+                kv = int(extra[extra.index("--kv-capacity-tokens") + 1])
+                flags = flags + ["--prefix-cache-tokens", str(int(kv * args.prefix_cache_share))]
             procs.start([binary, "sim", "--kind", kind, "--port", str(port), "--model", "m",
                          "--speed", str(args.speed), *COMMON, *extra, *flags])
             ports[name] = (kind, port)
@@ -442,6 +458,9 @@ def run_policy(binary, policy, args, reqs, rate, tmp):
                 "decode_tps": (rt.get("speeds") or {}).get("decode_tokens_per_second"),
                 "prefill_tps": (rt.get("speeds") or {}).get("prefill_tokens_per_second"),
                 "learned_slots": (rt.get("signals") or {}).get("learned_slots"),
+                # prefix affinity's weight: learned capacity and its quantised step
+                "capacity_tps": (rt.get("speeds") or {}).get("capacity_tokens_per_second"),
+                "home_level": (rt.get("speeds") or {}).get("home_level"),
             }
     return {
         "policy": policy,
@@ -479,7 +498,9 @@ def chart(results, doc):
            f'viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">',
            f'<rect width="{w}" height="{h}" fill="white"/>',
            f'<text x="{w / 2}" y="18" text-anchor="middle" font-size="14">Routing policies, '
-           f'{doc["rate_rps"]:.0f} req/s on a heterogeneous fleet (speed {doc["args"]["speed"]})'
+           f'{doc["rate_rps"]:.0f} req/s on a heterogeneous fleet (speed {doc["args"]["speed"]}'
+           + (f', prefix caches {doc["args"]["prefix_cache_share"]:.0%} of KV'
+              if doc["args"].get("prefix_cache_share") else '') + ')'
            f'</text>']
     n = max(len(results), 1)
     for p, (title, key, log) in enumerate(panels):
@@ -563,12 +584,17 @@ def main():
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--smoke", action="store_true", help="a few seconds per policy")
+    ap.add_argument("--prefix-cache-share", type=float, default=None,
+                    help="prefix cache of each sim as this share of its KV capacity (caches "
+                         "under pressure; admission keeps the whole KV); default: all of it")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "routing.json"))
     args = ap.parse_args()
     if args.smoke:
         args.duration, args.warmup, args.speed = 4.0, 1.0, 10.0
         if args.out.endswith("routing.json"):
             args.out = args.out.replace("routing.json", "routing-smoke.json")
+    if args.prefix_cache_share and args.out.endswith("routing.json"):
+        args.out = args.out.replace("routing.json", "routing-pressure.json")
     if not os.path.exists(args.binary):
         subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
     rate = CAPACITY_RPS * args.speed * args.load
