@@ -43,6 +43,9 @@ fuzz_target!(|data: &[u8]| {
         let raw = &body[span.clone()];
         serde_json::from_slice::<IgnoredAny>(raw).expect("stream_options span is JSON");
     }
+    // The prompt's span (what an exact count sends to a backend's tokenizer) is one JSON value.
+    let prompt_raw = &body[fields.prompt_span.clone()];
+    serde_json::from_slice::<IgnoredAny>(prompt_raw).expect("prompt span is JSON");
     assert!(fields.object_start >= 1 && fields.object_start <= body.len());
     assert_eq!(body[fields.object_start - 1], b'{');
 

@@ -200,6 +200,11 @@ pub struct RoutingSection {
     pub expose_backend_header: Option<bool>,
     /// token-aware: above this many eligible backends, power of two choices (default 16).
     pub p2c_above: Option<usize>,
+    /// Ask a vLLM or TGI backend's tokenizer for the exact prompt tokens of requests estimated
+    /// at this many tokens or more (default 0: never; the estimate is used).
+    pub tokenize_above: Option<u64>,
+    /// Longest wait for that count before the estimate is used instead (default "250ms").
+    pub tokenize_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

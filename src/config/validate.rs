@@ -211,6 +211,10 @@ pub struct RoutingConfig {
     /// token-aware: with more eligible backends than this, score two random ones
     /// (power of two choices) instead of all.
     pub p2c_above: usize,
+    /// Exact prompt counts from a backend's tokenizer for requests estimated at this many
+    /// tokens or more (`crate::fleet::tokenize`); 0: never.
+    pub tokenize_above: u64,
+    pub tokenize_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -785,6 +789,13 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         default_max_tokens: f.routing.default_max_tokens.unwrap_or(256),
         expose_backend_header: f.routing.expose_backend_header.unwrap_or(false),
         p2c_above: f.routing.p2c_above.unwrap_or(16),
+        tokenize_above: f.routing.tokenize_above.unwrap_or(0),
+        tokenize_timeout: duration(
+            &mut p,
+            "routing.tokenize_timeout",
+            &f.routing.tokenize_timeout,
+            Duration::from_millis(250),
+        ),
     };
 
     let h = &f.health;

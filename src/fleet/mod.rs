@@ -13,6 +13,7 @@
 //! - [`prom`]: a tolerant Prometheus text-format reader.
 //! - [`signals`]: engine load signals per kind (vLLM/TGI metrics, Ollama loaded models).
 //! - [`speed`]: measured EWMAs per backend (TTFT, prefill and decode speed) and per model.
+//! - [`tokenize`]: exact prompt token counts from a vLLM or TGI backend's tokenizer.
 //!
 //! Invariants: a backend's state outlives config reloads as long as its name, kind and URL stay
 //! the same; load counters are only changed through guards, so every exit path releases them.
@@ -27,6 +28,7 @@ pub mod registration;
 pub mod registry;
 pub mod signals;
 pub mod speed;
+pub mod tokenize;
 
 pub use backend::{Backend, BackendState, Health};
 pub use load::{Load, LoadGuard};

@@ -77,6 +77,9 @@ pub struct RequestFields {
     /// that `prefix_hash` stands for: the tokens a backend with this prefix cached would not
     /// prefill again.
     pub prefix_tokens_estimate: u64,
+    /// Byte span of the prompt's value in the body: `messages` (chat), `prompt` (completions)
+    /// or `input` (embeddings); what an exact count sends to a backend's tokenizer.
+    pub prompt_span: Range<usize>,
     /// Byte offset just after the body's opening `{`, where a new member can be inserted.
     pub object_start: usize,
     /// Whether the body's object has at least one member (always true once `model` is known).
@@ -237,12 +240,14 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
         Some(n) => n,
     };
 
-    let (prompt_tokens_estimate, prefix_hash, prefix_tokens_estimate) = match endpoint {
+    let (prompt_tokens_estimate, prefix_hash, prefix_tokens_estimate, prompt_span) = match endpoint
+    {
         Endpoint::Chat => {
             let raw = wire.messages.ok_or_else(|| {
                 ApiError::bad_request("`messages` is required.").with_param("messages")
             })?;
-            estimate_messages(raw)?
+            let (est, hash, prefix) = estimate_messages(raw)?;
+            (est, hash, prefix, span_of(body, raw))
         }
         Endpoint::Completions => {
             let raw = wire.prompt.ok_or_else(|| {
@@ -251,14 +256,19 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
             string_or_array(raw, "prompt")?;
             let est = estimate_raw(raw);
             let prefix = (raw.get().len().min(PREFIX_BYTES) as u64).div_ceil(4);
-            (est, Some(prefix_of(raw.get().as_bytes())), prefix)
+            (
+                est,
+                Some(prefix_of(raw.get().as_bytes())),
+                prefix,
+                span_of(body, raw),
+            )
         }
         Endpoint::Embeddings => {
             let raw = wire
                 .input
                 .ok_or_else(|| ApiError::bad_request("`input` is required.").with_param("input"))?;
             string_or_array(raw, "input")?;
-            (estimate_raw(raw), None, 0)
+            (estimate_raw(raw), None, 0, span_of(body, raw))
         }
     };
 
@@ -274,6 +284,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
         prompt_tokens_estimate,
         prefix_hash,
         prefix_tokens_estimate,
+        prompt_span,
         object_start: trimmed_start + 1,
         has_members: true,
     })

@@ -1,7 +1,8 @@
 //! Forwarding an inference request: the request path of DESIGN.md from "body" to "settle".
 //!
 //! ```text
-//! auth → body (capped) → fields → allow-list → resolve model → attempt loop:
+//! auth → body (capped) → fields → allow-list → resolve model → size (estimate, or a large
+//! prompt's exact count from a candidate's tokenizer) → admission → attempt loop:
 //!     pick backend (all candidates at their cap → wait in the fair queue, bounded by
 //!     `queue.timeout`) → rewrite (model name, include_usage) → send
 //!     connect error / reset / TTFB timeout / 429 / 502 / 503 / 504  → next backend
@@ -146,11 +147,31 @@ async fn proxy(
     record.model = resolved.canonical.clone();
 
     let policy = resolved.policy.unwrap_or(config.routing.policy);
-    // Expected size: the prompt estimate corrected by what this model's responses reported,
+    // Expected size: the prompt's exact count for a large prompt when a candidate's tokenizer
+    // answers in time, else the estimate corrected by what this model's responses reported;
     // plus max_tokens or, when absent, the model's learned average output.
     let shapes = gw.router.models.clone();
-    let prompt_estimate =
-        shapes.corrected_prompt(&resolved.canonical, fields.prompt_tokens_estimate);
+    let corrected = shapes.corrected_prompt(&resolved.canonical, fields.prompt_tokens_estimate);
+    let exact = match config.routing.tokenize_above {
+        above if above > 0 && corrected >= above => crate::fleet::tokenize::count(
+            &resolved.candidates,
+            endpoint,
+            body.get(fields.prompt_span.clone()).unwrap_or_default(),
+            config.routing.tokenize_timeout,
+        )
+        .await
+        .ok(),
+        _ => None,
+    };
+    let prompt_estimate = exact.unwrap_or(corrected);
+    // The prefix is the same share of the prompt whichever way the prompt was counted.
+    let prefix_tokens = match exact {
+        Some(n) if fields.prompt_tokens_estimate > 0 => {
+            let share = fields.prefix_tokens_estimate as f64 / fields.prompt_tokens_estimate as f64;
+            (n as f64 * share.min(1.0)) as u64
+        }
+        _ => shapes.corrected_prompt(&resolved.canonical, fields.prefix_tokens_estimate),
+    };
     let default_output = shapes
         .output_tokens(&resolved.canonical)
         .unwrap_or(config.routing.default_max_tokens);
@@ -166,7 +187,7 @@ async fn proxy(
         tokens: expected_tokens,
         prefix_hash: fields.prefix_hash,
         prompt_tokens: prompt_estimate,
-        prefix_tokens: shapes.corrected_prompt(&resolved.canonical, fields.prefix_tokens_estimate),
+        prefix_tokens,
     };
     let streaming = fields.stream && endpoint != Endpoint::Embeddings;
     let deadline = Instant::now() + config.routing.failover_deadline;

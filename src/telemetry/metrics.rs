@@ -17,6 +17,9 @@ pub const TIME_TO_FIRST_TOKEN_SECONDS: &str = "sluice_time_to_first_token_second
 pub const PROMPT_TOKENS_TOTAL: &str = "sluice_prompt_tokens_total";
 pub const COMPLETION_TOKENS_TOTAL: &str = "sluice_completion_tokens_total";
 pub const BACKEND_REQUESTS_TOTAL: &str = "sluice_backend_requests_total";
+/// Exact prompt counts asked of a backend's tokenizer (`[routing] tokenize_above`), by
+/// `backend` (`-` when none could answer) and `outcome` (ok|error|timeout|no_backend).
+pub const TOKENIZE_REQUESTS_TOTAL: &str = "sluice_tokenize_requests_total";
 pub const BACKEND_INFLIGHT_REQUESTS: &str = "sluice_backend_inflight_requests";
 pub const BACKEND_INFLIGHT_TOKENS: &str = "sluice_backend_inflight_tokens";
 /// Requests sent to a `backend` whose first token has not come yet (pending prefill).
@@ -111,6 +114,16 @@ pub fn backend_request(backend: &str, outcome: &'static str) {
     HANDLES
         .handles([backend, outcome], || {
             metrics::counter!(BACKEND_REQUESTS_TOTAL, "backend" => backend.to_string(), "outcome" => outcome)
+        })
+        .increment(1);
+}
+
+/// Count one exact prompt count asked of `backend`, by `outcome`.
+pub fn tokenize_request(backend: &str, outcome: &'static str) {
+    static HANDLES: LazyLock<LabelCache<2, Counter>> = LazyLock::new(LabelCache::default);
+    HANDLES
+        .handles([backend, outcome], || {
+            metrics::counter!(TOKENIZE_REQUESTS_TOTAL, "backend" => backend.to_string(), "outcome" => outcome)
         })
         .increment(1);
 }
