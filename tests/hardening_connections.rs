@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::TestGateway;
+use common::{metric, TestGateway};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -117,14 +117,6 @@ async fn admitted_again(from: &str, to: SocketAddr) -> TcpStream {
         assert!(Instant::now() < deadline, "no slot freed for {from}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn metric(text: &str, name_and_labels: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name_and_labels))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 #[tokio::test]

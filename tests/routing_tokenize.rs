@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{backend, client, sim, TestGateway};
+use common::{backend, client, metric, sim, TestGateway};
 use sluice::sim::SimKind;
 
 const LIMIT: u64 = 1_000_000;
@@ -66,11 +66,7 @@ async fn tokenize_count(g: &TestGateway, backend: &str, outcome: &str) -> f64 {
         .unwrap();
     let series =
         format!("sluice_tokenize_requests_total{{backend=\"{backend}\",outcome=\"{outcome}\"}}");
-    text.lines()
-        .find(|l| l.starts_with(&series))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    metric(&text, &series)
 }
 
 #[tokio::test]

@@ -7,21 +7,21 @@ mod common;
 
 use std::time::Duration;
 
-use common::{backend, chat_body, client, eventually, sim, sse_data, TestGateway};
+use common::{backend, chat_body, client, eventually, metric, sim, sse_data, TestGateway};
 use sluice::sim::SimKind;
 
 const THREADS: usize = 3;
 
+/// Connections per serving thread; -1 for a thread without its gauge.
 fn per_thread(metrics: &str) -> Vec<f64> {
     (1..=THREADS)
         .map(|i| {
             let key = format!("sluice_shard_connections_open{{listener=\"client\",shard=\"{i}\"}}");
-            metrics
-                .lines()
-                .find(|l| l.starts_with(&key))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(-1.0)
+            if metrics.contains(&key) {
+                metric(metrics, &key)
+            } else {
+                -1.0
+            }
         })
         .collect()
 }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::Uri;
-use http_body_util::Full;
+use http::{header, Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -23,6 +23,21 @@ pub type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
 /// The upstream client: one per backend (and per shard, see [`Backend::client`]), so each has its
 /// own pool and connect timeout.
 pub type HttpClient = Client<HttpsConnector, Full<Bytes>>;
+
+/// Why a gateway-side call to a backend ([`Backend::call`]) brought no whole answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("bad URL: {0}")]
+    Url(String),
+    #[error("bad request: {0}")]
+    Request(String),
+    /// Connect or transport failure, with its root cause.
+    #[error("{0}")]
+    Transport(String),
+    /// The answer's body broke off or was larger than the limit.
+    #[error("body: {0}")]
+    Body(String),
+}
 
 /// Where a backend stands, as routing and `/admin/backends` see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -346,6 +361,42 @@ impl Backend {
 
     pub fn kind(&self) -> BackendKind {
         self.config.kind
+    }
+
+    /// A call of the gateway's own to this backend (probes, scraping, tokenizer): `method` on
+    /// `path` with the backend's key when it has one, a JSON `body` when given, and the answer
+    /// read whole up to `limit` bytes. Any status is an answer; timeouts are the caller's.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+        limit: usize,
+    ) -> Result<(StatusCode, Bytes), CallError> {
+        let uri = self
+            .url_for(path)
+            .map_err(|e| CallError::Url(e.to_string()))?;
+        let mut req = Request::builder().method(method).uri(uri);
+        if let Some(key) = &self.config.api_key {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(Full::new(body.unwrap_or_default()))
+            .map_err(|e| CallError::Request(e.to_string()))?;
+        let resp =
+            self.client().request(req).await.map_err(|e| {
+                CallError::Transport(crate::proxy::forward::describe_client_error(&e))
+            })?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), limit)
+            .collect()
+            .await
+            .map_err(|e| CallError::Body(e.to_string()))?
+            .to_bytes();
+        Ok((status, body))
     }
 
     /// The most requests Sluice sends here at once: the configured `max_concurrent`, else the

@@ -19,8 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http::{Method, StatusCode};
 use rand::Rng;
 use serde::Deserialize;
 use tokio::task::JoinHandle;
@@ -321,29 +320,16 @@ pub(crate) async fn get(
     backend: &Backend,
     path: &str,
 ) -> Result<(StatusCode, Bytes), ProbeOutcome> {
-    let uri = backend
-        .url_for(path)
-        .map_err(|e| ProbeOutcome::Unhealthy(format!("bad probe URL: {e}")))?;
-    let mut req = Request::builder().method(Method::GET).uri(uri);
-    if let Some(key) = &backend.config.api_key {
-        req = req.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
-    }
-    let req = req
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| ProbeOutcome::Unhealthy(format!("bad probe request: {e}")))?;
-    let resp = backend.client().request(req).await.map_err(|e| {
-        ProbeOutcome::Refused(format!(
-            "{path}: {}",
-            crate::proxy::forward::describe_client_error(&e)
-        ))
-    })?;
-    let status = resp.status();
-    let body = Limited::new(resp.into_body(), MAX_PROBE_BODY)
-        .collect()
+    use super::backend::CallError;
+    backend
+        .call(Method::GET, path, None, MAX_PROBE_BODY)
         .await
-        .map_err(|e| ProbeOutcome::Unhealthy(format!("{path}: body: {e}")))?
-        .to_bytes();
-    Ok((status, body))
+        .map_err(|e| match e {
+            CallError::Url(e) => ProbeOutcome::Unhealthy(format!("bad probe URL: {e}")),
+            CallError::Request(e) => ProbeOutcome::Unhealthy(format!("bad probe request: {e}")),
+            CallError::Transport(e) => ProbeOutcome::Refused(format!("{path}: {e}")),
+            CallError::Body(e) => ProbeOutcome::Unhealthy(format!("{path}: body: {e}")),
+        })
 }
 
 #[derive(Deserialize)]

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, Method, Request};
-use http_body_util::{BodyExt, Full, Limited};
+use http::Method;
 use serde::Deserialize;
 
+use super::backend::CallError;
 use super::Backend;
 use crate::config::BackendKind;
 use crate::openai::Endpoint;
@@ -56,44 +56,49 @@ impl TokenizeError {
     }
 }
 
-/// What a backend's tokenizer is asked, by kind and endpoint; `None` when it cannot answer.
-fn question(
-    kind: BackendKind,
-    endpoint: Endpoint,
-    backend_model: &str,
-    prompt: &[u8],
-) -> Option<Vec<u8>> {
-    let model = serde_json::to_string(backend_model).ok()?;
+/// The forms of question a tokenizer takes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Form {
+    /// vLLM, chat form: the model's template applied to `messages`.
+    VllmChat,
+    /// vLLM, a string `prompt`.
+    VllmPrompt,
+    /// TGI, raw `inputs`.
+    TgiInputs,
+}
+
+/// How a backend of `kind` can count the prompt of `endpoint` (its raw JSON value); `None`
+/// when it cannot.
+fn form(kind: BackendKind, endpoint: Endpoint, prompt: &[u8]) -> Option<Form> {
     let is_string = prompt.first() == Some(&b'"');
-    let mut out = Vec::with_capacity(prompt.len() + model.len() + 64);
     match (kind, endpoint) {
-        (BackendKind::Vllm, Endpoint::Chat) => {
+        (BackendKind::Vllm, Endpoint::Chat) => Some(Form::VllmChat),
+        (BackendKind::Vllm, Endpoint::Completions) if is_string => Some(Form::VllmPrompt),
+        (BackendKind::Tgi, Endpoint::Completions) if is_string => Some(Form::TgiInputs),
+        _ => None,
+    }
+}
+
+/// The question of `form` for `prompt`, with the backend's name for the model.
+fn question(form: Form, backend_model: &str, prompt: &[u8]) -> Vec<u8> {
+    // A string serialises without fail.
+    let model = serde_json::to_string(backend_model).unwrap_or_else(|_| "\"\"".into());
+    let mut out = Vec::with_capacity(prompt.len() + model.len() + 64);
+    match form {
+        Form::VllmChat | Form::VllmPrompt => {
             out.extend_from_slice(b"{\"model\":");
             out.extend_from_slice(model.as_bytes());
-            out.extend_from_slice(b",\"add_generation_prompt\":true,\"messages\":");
+            out.extend_from_slice(if form == Form::VllmChat {
+                b",\"add_generation_prompt\":true,\"messages\":"
+            } else {
+                b",\"prompt\":"
+            });
         }
-        (BackendKind::Vllm, Endpoint::Completions) if is_string => {
-            out.extend_from_slice(b"{\"model\":");
-            out.extend_from_slice(model.as_bytes());
-            out.extend_from_slice(b",\"prompt\":");
-        }
-        (BackendKind::Tgi, Endpoint::Completions) if is_string => {
-            out.extend_from_slice(b"{\"inputs\":");
-        }
-        _ => return None,
+        Form::TgiInputs => out.extend_from_slice(b"{\"inputs\":"),
     }
     out.extend_from_slice(prompt);
     out.push(b'}');
-    Some(out)
-}
-
-/// Whether a backend of `kind` can count a prompt of `endpoint` (before looking at its form).
-fn can_count(kind: BackendKind, endpoint: Endpoint) -> bool {
-    matches!(
-        (kind, endpoint),
-        (BackendKind::Vllm, Endpoint::Chat | Endpoint::Completions)
-            | (BackendKind::Tgi, Endpoint::Completions)
-    )
+    out
 }
 
 #[derive(Deserialize)]
@@ -125,19 +130,21 @@ pub async fn count(
     prompt: &[u8],
     timeout: Duration,
 ) -> Result<u64, TokenizeError> {
-    let capable: Vec<&(Arc<Backend>, String)> = candidates
+    let capable: Vec<(&Backend, &str, Form)> = candidates
         .iter()
-        .filter(|(b, _)| b.state.routable() && can_count(b.kind(), endpoint))
+        .filter(|(b, _)| b.state.routable())
+        .filter_map(|(b, m)| Some((&**b, m.as_str(), form(b.kind(), endpoint, prompt)?)))
         .collect();
     if capable.is_empty() {
         m::tokenize_request("-", TokenizeError::NoBackend.label());
         return Err(TokenizeError::NoBackend);
     }
-    let (backend, model) = capable[NEXT.fetch_add(1, Ordering::Relaxed) % capable.len()];
-    let result = match tokio::time::timeout(timeout, ask(backend, model, endpoint, prompt)).await {
-        Ok(r) => r,
-        Err(_) => Err(TokenizeError::Timeout(timeout)),
-    };
+    let (backend, model, form) = capable[NEXT.fetch_add(1, Ordering::Relaxed) % capable.len()];
+    let result =
+        match tokio::time::timeout(timeout, ask(backend, question(form, model, prompt))).await {
+            Ok(r) => r,
+            Err(_) => Err(TokenizeError::Timeout(timeout)),
+        };
     match &result {
         Ok(_) => m::tokenize_request(backend.name(), "ok"),
         Err(e) => {
@@ -148,41 +155,23 @@ pub async fn count(
     result
 }
 
-async fn ask(
-    backend: &Backend,
-    backend_model: &str,
-    endpoint: Endpoint,
-    prompt: &[u8],
-) -> Result<u64, TokenizeError> {
-    let kind = backend.kind();
-    let body = question(kind, endpoint, backend_model, prompt).ok_or(TokenizeError::NoBackend)?;
-    let uri = backend
-        .url_for("/tokenize")
-        .map_err(|e| TokenizeError::Request(e.to_string()))?;
-    let mut req = Request::builder()
-        .method(Method::POST)
-        .uri(uri)
-        .header(header::CONTENT_TYPE, "application/json");
-    if let Some(key) = &backend.config.api_key {
-        req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
-    }
-    let req = req
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| TokenizeError::Request(e.to_string()))?;
-    let resp =
-        backend.client().request(req).await.map_err(|e| {
-            TokenizeError::Request(crate::proxy::forward::describe_client_error(&e))
+async fn ask(backend: &Backend, question: Vec<u8>) -> Result<u64, TokenizeError> {
+    let (status, body) = backend
+        .call(
+            Method::POST,
+            "/tokenize",
+            Some(Bytes::from(question)),
+            MAX_ANSWER_BYTES,
+        )
+        .await
+        .map_err(|e| match e {
+            CallError::Body(e) => TokenizeError::Answer(e),
+            other => TokenizeError::Request(other.to_string()),
         })?;
-    let status = resp.status();
     if !status.is_success() {
         return Err(TokenizeError::Status(status.as_u16()));
     }
-    let body = Limited::new(resp.into_body(), MAX_ANSWER_BYTES)
-        .collect()
-        .await
-        .map_err(|e| TokenizeError::Answer(e.to_string()))?
-        .to_bytes();
-    answer(kind, &body)
+    answer(backend.kind(), &body)
 }
 
 #[cfg(test)]
@@ -190,8 +179,10 @@ mod tests {
     use super::*;
 
     fn q(kind: BackendKind, endpoint: Endpoint, prompt: &str) -> Option<serde_json::Value> {
-        question(kind, endpoint, "llama \"3\"", prompt.as_bytes())
-            .map(|b| serde_json::from_slice(&b).expect("valid JSON"))
+        form(kind, endpoint, prompt.as_bytes()).map(|f| {
+            serde_json::from_slice(&question(f, "llama \"3\"", prompt.as_bytes()))
+                .expect("valid JSON")
+        })
     }
 
     #[test]

@@ -187,7 +187,8 @@ impl Shards {
     }
 
     /// Open connections per shard, in shard order.
-    pub fn open(&self) -> Vec<usize> {
+    #[cfg(test)]
+    fn open(&self) -> Vec<usize> {
         self.shards
             .iter()
             .map(|s| s.load.open.load(Ordering::Acquire))

@@ -191,6 +191,16 @@ where
     }
 }
 
+/// The value of the first series in a Prometheus exposition whose line starts with
+/// `name_and_labels`; 0 when there is none.
+pub fn metric(text: &str, name_and_labels: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name_and_labels))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// A chat body.
 pub fn chat_body(model: &str, stream: bool, max_tokens: u32) -> serde_json::Value {
     serde_json::json!({
