@@ -5,7 +5,10 @@
 //!   `vllm:kv_cache_usage_perc` (falling back to the old `vllm:gpu_cache_usage_perc`), per
 //!   `model_name`, summed over `engine` (data-parallel ranks); prefix-cache counters.
 //! - TGI `/metrics`: `tgi_queue_size`, `tgi_batch_current_size`, `tgi_batch_current_max_tokens`;
-//!   `/info` `max_concurrent_requests` and `max_total_tokens` as capacity.
+//!   `/info` `max_concurrent_requests` and `max_total_tokens` as capacity. TGI exports no KV
+//!   gauge and `/info` no KV budget, so the budget is learned: the most tokens the running batch
+//!   held (`tgi_batch_current_max_tokens`: prompt plus allowed output of each request, what
+//!   TGI reserves) while requests waited. Usage is then the batch's tokens over that budget.
 //! - Ollama `/api/ps`: the models loaded now (routing prefers a warm node).
 //! - OpenAI-compatible: nothing to read; the gateway's own counts are used.
 //!
@@ -60,6 +63,9 @@ pub struct Signals {
     /// Batch slots learned from observation: the most requests seen running while others
     /// waited (vLLM's `max_num_seqs`, or the KV cache's limit, whichever binds).
     pub learned_slots: Option<u64>,
+    /// TGI: the KV token budget learned from observation, the most `batch_max_tokens` seen
+    /// while requests waited (a lower bound of the real budget that only grows).
+    pub learned_kv_tokens: Option<u64>,
     /// Ollama `/api/ps`: the names of the loaded models (`None`: unknown).
     pub loaded: Option<Vec<String>>,
     /// vLLM prefix cache counters (tokens), summed over models.
@@ -210,14 +216,30 @@ fn merge(prev: &Signals, mut next: Signals) -> Signals {
         next.max_total_tokens = prev.max_total_tokens;
     }
     next.learned_slots = prev.learned_slots;
-    if let Some(t) = next.total {
-        // Running while others wait = the batch is full: that many is the engine's limit now.
-        if t.waiting >= 1.0 && t.running >= 1.0 {
-            let seen = t.running as u64;
-            next.learned_slots = Some(match prev.learned_slots {
-                Some(s) if s > seen => s - (s - seen).div_ceil(8), // drift down slowly
-                _ => seen,
-            });
+    next.learned_kv_tokens = prev.learned_kv_tokens;
+    let Some(mut t) = next.total else {
+        return next;
+    };
+    // Running while others wait = the batch is full: that many is the engine's limit now.
+    if t.waiting >= 1.0 && t.running >= 1.0 {
+        let seen = t.running as u64;
+        next.learned_slots = Some(match prev.learned_slots {
+            Some(s) if s > seen => s - (s - seen).div_ceil(8), // drift down slowly
+            _ => seen,
+        });
+        // ... and the tokens it holds are within its KV budget, which is at least that much.
+        // (Two running at least: a lone request larger than the budget is admitted alone.)
+        if let Some(held) = next.batch_max_tokens.filter(|_| t.running >= 2.0) {
+            let held = held.max(0.0) as u64;
+            next.learned_kv_tokens = Some(next.learned_kv_tokens.map_or(held, |b| b.max(held)));
+        }
+    }
+    if t.kv_usage.is_none() {
+        if let (Some(held), Some(budget)) = (next.batch_max_tokens, next.learned_kv_tokens) {
+            if budget > 0 {
+                t.kv_usage = Some((held.max(0.0) / budget as f64).min(1.0));
+                next.total = Some(t);
+            }
         }
     }
     next
@@ -392,5 +414,37 @@ mod tests {
         assert_eq!(m.learned_slots, Some(15));
         let idle = Signals::default();
         assert_eq!(merge(&m, idle).learned_slots, Some(15));
+    }
+
+    fn tgi(running: f64, waiting: f64, held: f64) -> Signals {
+        let mut s = parse_tgi(&format!(
+            "tgi_queue_size {waiting}\ntgi_batch_current_size {running}\ntgi_batch_current_max_tokens {held}\n"
+        ));
+        s.at_ms = 1;
+        s
+    }
+
+    #[test]
+    fn tgi_kv_usage_is_the_batch_over_a_budget_learned_from_full_batches() {
+        // nothing ever waited: no budget, no usage
+        let m = merge(&Signals::default(), tgi(3.0, 0.0, 20_000.0));
+        assert_eq!(m.learned_kv_tokens, None);
+        assert_eq!(m.total.unwrap().kv_usage, None);
+        // requests wait beside 6 running that hold 50k tokens: the budget is at least 50k
+        let m = merge(&m, tgi(6.0, 2.0, 50_000.0));
+        assert_eq!(m.learned_kv_tokens, Some(50_000));
+        assert_eq!(m.total.unwrap().kv_usage, Some(1.0));
+        // a queue beside a smaller batch (slot-bound, or a step boundary) does not lower it
+        let m = merge(&m, tgi(16.0, 1.0, 30_000.0));
+        assert_eq!(m.learned_kv_tokens, Some(50_000));
+        assert_eq!(m.total.unwrap().kv_usage, Some(0.6));
+        // a lone oversized request admitted into an empty batch teaches nothing
+        let m = merge(&m, tgi(1.0, 4.0, 90_000.0));
+        assert_eq!(m.learned_kv_tokens, Some(50_000));
+        assert_eq!(m.total.unwrap().kv_usage, Some(1.0));
+        // the budget carries over and keeps pricing the batch once the queue is gone
+        let m = merge(&m, tgi(2.0, 0.0, 12_500.0));
+        assert_eq!(m.total.unwrap().kv_usage, Some(0.25));
+        assert_eq!(m.load_for("any").unwrap().kv_usage, Some(0.25));
     }
 }

@@ -270,6 +270,7 @@ pub fn admin_view(b: &Backend) -> serde_json::Value {
             "max_concurrent": sig.max_concurrent,
             "max_total_tokens": sig.max_total_tokens,
             "learned_slots": sig.learned_slots,
+            "learned_kv_tokens": sig.learned_kv_tokens,
             "loaded_models": sig.loaded,
             "prefix_cache_queries": sig.prefix_queries,
             "prefix_cache_hits": sig.prefix_hits,
