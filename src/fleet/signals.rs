@@ -210,7 +210,7 @@ pub fn parse_ollama_ps(body: &[u8]) -> Option<Vec<String>> {
 }
 
 /// Carry learned facts from the previous snapshot into a new one.
-fn merge(prev: &Signals, mut next: Signals) -> Signals {
+pub(crate) fn merge(prev: &Signals, mut next: Signals) -> Signals {
     if next.max_concurrent.is_none() {
         next.max_concurrent = prev.max_concurrent;
         next.max_total_tokens = prev.max_total_tokens;

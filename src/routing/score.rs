@@ -465,6 +465,40 @@ mod tests {
     }
 
     #[test]
+    fn a_tgi_batch_at_its_learned_kv_budget_costs_more_than_one_with_room() {
+        let scrape = |b: &Backend, held: u64| {
+            let text = format!(
+                "tgi_queue_size 0\ntgi_batch_current_size 4\ntgi_batch_current_max_tokens {held}\n"
+            );
+            // a budget of 40k tokens learned earlier, carried into this scrape
+            let learned = Signals {
+                learned_slots: Some(16),
+                learned_kv_tokens: Some(40_000),
+                ..Signals::default()
+            };
+            let mut sig =
+                crate::fleet::signals::merge(&learned, crate::fleet::signals::parse_tgi(&text));
+            sig.at_ms = crate::fleet::backend::now_ms().max(1);
+            sig.interval_ms = 1000;
+            b.state.signals.store(Arc::new(sig));
+        };
+        let full = backend(BackendKind::Tgi, None);
+        let room = backend(BackendKind::Tgi, None);
+        scrape(&full, 40_000);
+        scrape(&room, 20_000);
+        let f = breakdown(&full, "m", REQ, PRIOR);
+        let r = breakdown(&room, "m", REQ, PRIOR);
+        // same batch, same queue: only the KV budget tells them apart
+        assert_eq!((f.busy, f.queued_ahead), (r.busy, r.queued_ahead));
+        assert_eq!(r.penalty_seconds, 0.0, "{r:?}");
+        assert!(
+            f.penalty_seconds > 0.9 * (f.prefill_seconds + f.decode_seconds),
+            "{f:?}"
+        );
+        assert!(f.score > r.score * 1.8, "{f:?} vs {r:?}");
+    }
+
+    #[test]
     fn cold_ollama_pays_a_load_and_weights_divide() {
         let b = backend(BackendKind::Ollama, None);
         b.state.signals.store(Arc::new(Signals {
