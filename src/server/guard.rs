@@ -1,18 +1,21 @@
-//! The outermost layer of every request: a request id for everything that follows, and a panic
-//! barrier.
+//! The checks around every request, run by the connection's service before and around the
+//! router: the request id, the HTTP/1 framing check and the panic barrier.
 //!
 //! Invariants: every request carries an `x-request-id` (the client's when it is sane, else a new
-//! one) in its headers by the time a handler runs, and every response carries it back; a panic
-//! in a handler becomes an OpenAI-shaped 500, is logged with the request id and counted in
+//! one) in its headers by the time a handler runs, and every response carries it back; an
+//! HTTP/1 request with ambiguous body framing never reaches a handler; a panic in a handler
+//! becomes an OpenAI-shaped 500, is logged with the request id and counted in
 //! `sluice_panics_total`, and the process keeps serving. (A panic while a streamed body is
 //! being polled ends that one connection's task; tokio contains it the same way.)
+//!
+//! They are plain functions called in line by the service rather than router middleware: each
+//! middleware layer costs every request a boxed future and a clone of the service below it.
 
-use axum::body::Body;
-use axum::extract::Request;
-use axum::middleware::Next;
+use std::future::Future;
+
 use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
-use http::{HeaderMap, HeaderValue};
+use http::{header, HeaderMap, HeaderValue, Request, Version};
 
 use crate::openai::ApiError;
 use crate::telemetry::metrics as m;
@@ -36,21 +39,49 @@ pub fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-/// Middleware: assign the request id, run the handler behind a panic barrier.
-pub async fn request_guard(mut req: Request<Body>, next: Next) -> Response {
-    let id = request_id(req.headers());
-    let header = HeaderValue::from_str(&id).ok();
-    if let Some(v) = &header {
-        req.headers_mut().insert("x-request-id", v.clone());
+/// Refuse an HTTP/1 request whose body framing is ambiguous: `Content-Length` together with
+/// `Transfer-Encoding`, or more than one `Content-Length` (two headers or a list). hyper picks
+/// one reading (chunked wins); a proxy in front of the gateway may have picked the other, which
+/// is how requests are smuggled. The answer is a 400 with `Connection: close`, so the rest of
+/// the bytes on that connection are never read as another request.
+pub fn refuse_ambiguous_framing<B>(req: &Request<B>) -> Option<Response> {
+    if req.version() >= Version::HTTP_2 {
+        return None;
     }
-    let test_panic = cfg!(debug_assertions) && req.headers().contains_key(TEST_PANIC_HEADER);
+    let h = req.headers();
+    let mut lengths = h.get_all(header::CONTENT_LENGTH).iter();
+    let first = lengths.next();
+    let ambiguous = lengths.next().is_some()
+        || first.is_some_and(|v| v.as_bytes().contains(&b','))
+        || (first.is_some() && h.contains_key(header::TRANSFER_ENCODING));
+    if !ambiguous {
+        return None;
+    }
+    let mut resp = ApiError::bad_request(
+        "The request has conflicting Content-Length / Transfer-Encoding headers.",
+    )
+    .with_code("invalid_framing")
+    .into_response();
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    Some(resp)
+}
+
+/// Run `handler` behind the panic barrier. `test_panic` (honoured by debug builds only, see
+/// [`TEST_PANIC_HEADER`]) panics in its place.
+pub async fn catch_panic(
+    id: &str,
+    test_panic: bool,
+    handler: impl Future<Output = Response>,
+) -> Response {
+    let test_panic = cfg!(debug_assertions) && test_panic;
     let run = async move {
         if test_panic {
             panic!("deliberate panic requested by {TEST_PANIC_HEADER}");
         }
-        next.run(req).await
+        handler.await
     };
-    let mut response = match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+    match std::panic::AssertUnwindSafe(run).catch_unwind().await {
         Ok(r) => r,
         Err(payload) => {
             let what = payload
@@ -63,9 +94,5 @@ pub async fn request_guard(mut req: Request<Body>, next: Next) -> Response {
             ApiError::internal("The gateway hit an internal error while handling this request.")
                 .into_response()
         }
-    };
-    if let Some(v) = header {
-        response.headers_mut().insert("x-request-id", v);
     }
-    response
 }

@@ -586,8 +586,9 @@ impl Drop for InFlight {
     }
 }
 
-/// The hyper service of one connection: the router, with the request body under
-/// `body_read_timeout` and the request counted in flight until its response body ends.
+/// The hyper service of one connection: the router behind the request guards ([`guard`]: id,
+/// framing, panic barrier), with the request body under `body_read_timeout` and the request
+/// counted in flight until its response body ends.
 #[derive(Clone)]
 struct ConnService {
     app: Router,
@@ -615,41 +616,48 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
         let timeout = self.limits.body_read_timeout;
         let listener = self.listener;
         Box::pin(async move {
-            // The id the request guard will keep, so a 408 from here carries it too.
             let id = guard::request_id(req.headers());
             let id_header = HeaderValue::from_str(&id).ok();
             if let Some(v) = &id_header {
                 req.headers_mut().insert("x-request-id", v.clone());
             }
-            let fired = Arc::new(Notify::new());
-            let broken = flight.body_broken.clone();
-            let req = req.map(|b| TimedBody::new(b, timeout, fired.clone(), broken));
-            let response = tokio::select! {
-                biased;
-                r = app.oneshot(req) => match r {
-                    Ok(r) => r,
-                    Err(never) => match never {},
-                },
-                () = fired.notified() => {
-                    metrics::counter!(m::CLIENT_TIMEOUTS_TOTAL, "listener" => listener, "kind" => "body")
-                        .increment(1);
-                    let mut r = ApiError::new(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "invalid_request_error",
-                        format!("The request body did not arrive within {}.", humantime::format_duration(timeout)),
-                    )
-                    .with_code("request_timeout")
-                    .into_response();
-                    if let Some(v) = id_header {
-                        r.headers_mut().insert("x-request-id", v);
+            let mut response = if let Some(refused) = guard::refuse_ambiguous_framing(&req) {
+                refused
+            } else {
+                let test_panic = req.headers().contains_key(guard::TEST_PANIC_HEADER);
+                let fired = Arc::new(Notify::new());
+                let broken = flight.body_broken.clone();
+                let req = req.map(|b| TimedBody::new(b, timeout, fired.clone(), broken));
+                let handler = async move {
+                    match app.oneshot(req).await {
+                        Ok(r) => r,
+                        Err(never) => match never {},
                     }
-                    if version < Version::HTTP_2 {
-                        r.headers_mut()
-                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                };
+                tokio::select! {
+                    biased;
+                    r = guard::catch_panic(&id, test_panic, handler) => r,
+                    () = fired.notified() => {
+                        metrics::counter!(m::CLIENT_TIMEOUTS_TOTAL, "listener" => listener, "kind" => "body")
+                            .increment(1);
+                        let mut r = ApiError::new(
+                            StatusCode::REQUEST_TIMEOUT,
+                            "invalid_request_error",
+                            format!("The request body did not arrive within {}.", humantime::format_duration(timeout)),
+                        )
+                        .with_code("request_timeout")
+                        .into_response();
+                        if version < Version::HTTP_2 {
+                            r.headers_mut()
+                                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                        }
+                        r
                     }
-                    r
                 }
             };
+            if let Some(v) = id_header {
+                response.headers_mut().insert("x-request-id", v);
+            }
             flight.answered = true;
             Ok(response.map(|inner| TrackedBody {
                 inner,

@@ -173,36 +173,10 @@ fn fallbacks(r: Router<Arc<Gateway>>) -> Router<Arc<Gateway>> {
         .method_not_allowed_fallback(method_not_allowed)
 }
 
-/// The guards every listener has, outermost: framing, then the request guard.
+/// The state every handler reads. The request id, framing check and panic barrier are the
+/// connection service's ([`super::guard`]), not layers here.
 fn finish(r: Router<Arc<Gateway>>, gw: Arc<Gateway>) -> Router {
-    r.layer(axum::middleware::from_fn(super::guard::request_guard))
-        .layer(axum::middleware::from_fn(framing_guard))
-        .with_state(gw)
-}
-
-/// Refuse an HTTP/1 request whose body framing is ambiguous: `Content-Length` together with
-/// `Transfer-Encoding`, or more than one `Content-Length` (two headers or a list). hyper picks
-/// one reading (chunked wins); a proxy in front of the gateway may have picked the other, which
-/// is how requests are smuggled. The answer is a 400 with `Connection: close`, so the rest of
-/// the bytes on that connection are never read as another request.
-async fn framing_guard(req: Request<Body>, next: axum::middleware::Next) -> Response {
-    let h = req.headers();
-    let mut lengths = h.get_all(header::CONTENT_LENGTH).iter();
-    let first = lengths.next();
-    let ambiguous = lengths.next().is_some()
-        || first.is_some_and(|v| v.as_bytes().contains(&b','))
-        || (first.is_some() && h.contains_key(header::TRANSFER_ENCODING));
-    if !ambiguous || req.version() >= http::Version::HTTP_2 {
-        return next.run(req).await;
-    }
-    let mut resp = ApiError::bad_request(
-        "The request has conflicting Content-Length / Transfer-Encoding headers.",
-    )
-    .with_code("invalid_framing")
-    .into_response();
-    resp.headers_mut()
-        .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
-    resp
+    r.with_state(gw)
 }
 
 async fn chat(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Response {
