@@ -96,3 +96,58 @@ pub async fn catch_panic(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(version: Version, headers: &[(&str, &str)]) -> Request<()> {
+        let mut b = Request::builder()
+            .method("POST")
+            .uri("/v1/chat/completions");
+        b = b.version(version);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap()
+    }
+
+    // hyper already refuses most of these itself (a second line of defence, should a future
+    // hyper or another server in front read them differently).
+    #[test]
+    fn ambiguous_http1_framing_is_refused_with_close() {
+        for headers in [
+            &[("content-length", "5"), ("content-length", "6")][..],
+            &[("content-length", "5, 5")][..],
+            &[("content-length", "5"), ("transfer-encoding", "chunked")][..],
+        ] {
+            let refused = refuse_ambiguous_framing(&req(Version::HTTP_11, headers));
+            let resp = refused.unwrap_or_else(|| panic!("{headers:?} passed"));
+            assert_eq!(resp.status(), http::StatusCode::BAD_REQUEST);
+            assert_eq!(resp.headers()[header::CONNECTION], "close");
+        }
+        for headers in [
+            &[("content-length", "5")][..],
+            &[("transfer-encoding", "chunked")][..],
+            &[][..],
+        ] {
+            assert!(refuse_ambiguous_framing(&req(Version::HTTP_11, headers)).is_none());
+        }
+        // HTTP/2 frames its bodies itself
+        let h2 = req(
+            Version::HTTP_2,
+            &[("content-length", "5"), ("content-length", "6")],
+        );
+        assert!(refuse_ambiguous_framing(&h2).is_none());
+    }
+
+    #[test]
+    fn request_ids_are_the_clients_when_sane() {
+        let mut h = HeaderMap::new();
+        h.insert("x-request-id", HeaderValue::from_static("abc-1"));
+        assert_eq!(request_id(&h), "abc-1");
+        h.insert("x-request-id", HeaderValue::from_static("has space"));
+        assert_eq!(request_id(&h).len(), 32);
+        assert_eq!(request_id(&HeaderMap::new()).len(), 32);
+    }
+}
