@@ -1,5 +1,6 @@
 //! Load-aware routing against real simulators: token-aware learns which backend is faster
-//! (nothing about speed is configured) and an Ollama node with the model loaded is preferred.
+//! (nothing about speed is configured), an Ollama node with the model loaded is preferred, and
+//! a TGI engine's KV budget is learned from its metrics.
 
 mod common;
 
@@ -428,5 +429,98 @@ async fn a_prompt_is_pending_prefill_until_its_first_token() {
     )
     .await;
     assert_eq!(pending_prefill(&gw), (0, 0));
+    gw.stop().await;
+}
+
+/// TGI exports no KV gauge: the gateway learns the engine's KV budget from batches that held
+/// requests back, and reports the batch's share of it as KV usage, from a real TGI engine's
+/// `/metrics` through the signals loop to `/admin/backends` and the gateway's own metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tgi_kv_budget_is_learned_from_batches_that_held_requests_back() {
+    // Each request reserves its prompt and 1000 output tokens: two fit in 2500, a third waits.
+    let tgi = sim_with(
+        SimConfig::new(SimKind::Tgi, vec!["m".into()])
+            .timing(Timing {
+                max_num_seqs: 8,
+                ..timing(20)
+            })
+            .kv_capacity_tokens(2500)
+            .output_tokens(1000, 1000),
+    )
+    .await;
+    let toml = format!(
+        "[routing]\npolicy = \"token-aware\"\n{FAST_HEALTH}signals_interval = \"100ms\"\n{}",
+        backend("tgi", "tgi", &tgi.url(), &["m"]),
+    );
+    let gw = TestGateway::start_healthy(&toml).await;
+    let signals = || async {
+        let admin: serde_json::Value = client()
+            .get(gw.url("/admin/backends"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        admin["backends"][0]["routing"]["signals"].clone()
+    };
+    // Nothing has waited yet: no budget, no usage.
+    let quiet = signals().await;
+    assert!(quiet["learned_kv_tokens"].is_null(), "{quiet}");
+    assert!(quiet["kv_cache_usage"].is_null(), "{quiet}");
+
+    let direct: Vec<_> = (0..3)
+        .map(|_| {
+            let url = format!("{}/v1/chat/completions", tgi.url());
+            tokio::spawn(async move {
+                let _ = client()
+                    .post(url)
+                    .json(&chat_body("m", false, 1000))
+                    .send()
+                    .await;
+            })
+        })
+        .collect();
+    eventually(
+        Duration::from_secs(10),
+        "the budget learned from two running while one waits",
+        || async {
+            let s = signals().await;
+            s["waiting"].as_f64() == Some(1.0)
+                && s["learned_kv_tokens"].as_u64().is_some_and(|t| t >= 2000)
+        },
+    )
+    .await;
+    let s = signals().await;
+    let budget = s["learned_kv_tokens"].as_u64().unwrap();
+    // never above the engine's real budget; the batch it was learned from fills it
+    assert!(budget <= 2500, "{s}");
+    assert_eq!(s["kv_cache_usage"].as_f64(), Some(1.0), "{s}");
+    let text = client()
+        .get(gw.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(
+            &text,
+            "sluice_backend_kv_cache_usage_ratio{backend=\"tgi\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    for d in direct {
+        d.abort();
+    }
+    // The clients are gone, the engine empties; the budget stays and prices the empty batch.
+    eventually(Duration::from_secs(10), "the batch emptied", || async {
+        let s = signals().await;
+        s["running"].as_f64() == Some(0.0) && s["kv_cache_usage"].as_f64() == Some(0.0)
+    })
+    .await;
+    assert_eq!(signals().await["learned_kv_tokens"].as_u64(), Some(budget));
     gw.stop().await;
 }
