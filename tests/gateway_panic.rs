@@ -37,14 +37,7 @@ async fn a_panicking_handler_gets_a_500_and_the_gateway_keeps_serving() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let metrics = client()
-        .get(g.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = g.metrics_text().await;
     let line = metrics
         .lines()
         .find(|l| l.starts_with("sluice_panics_total"))

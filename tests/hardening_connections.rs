@@ -426,14 +426,7 @@ async fn http2_rapid_reset_gets_goaway_and_others_are_served() {
         .unwrap();
     let (resp, _) = h2c.send_request(req, true).unwrap();
     assert_eq!(resp.await.unwrap().status(), 200);
-    let text = c
-        .get(g.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = g.metrics_text().await;
     assert!(
         metric(
             &text,

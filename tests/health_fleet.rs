@@ -167,14 +167,7 @@ async fn busy_ollama_503_and_tgi_429_are_avoided_not_hammered() {
     assert!(n > 50, "too few requests: {n}");
     // Backoff 250 ms, doubling: a handful of tries each in a second, not a share of n.
     assert!(o <= 5 && tg <= 5, "hammered: ollama {o}, tgi {tg} of {n}");
-    let admin: serde_json::Value = c
-        .get(g.url("/admin/backends"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let admin = g.admin_backends().await;
     let states: Vec<(String, String)> = admin["backends"]
         .as_array()
         .unwrap()
@@ -320,14 +313,7 @@ async fn registered_backend_serves_survives_reload_and_leaves_within_its_ttl() {
         assert_eq!(r.headers()["x-sluice-backend"], "job-42");
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    let admin: serde_json::Value = c
-        .get(g.admin_url("/admin/backends"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let admin = g.admin_backends().await;
     let entry = admin["backends"]
         .as_array()
         .unwrap()

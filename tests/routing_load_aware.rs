@@ -68,14 +68,7 @@ async fn token_aware_sends_more_to_the_measured_faster_backend() {
         }
     }
     assert!(fast_n * 4 >= n * 3, "fast got {fast_n} of {n}");
-    let admin: serde_json::Value = client()
-        .get(gw.url("/admin/backends"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let admin = gw.admin_backends().await;
     let speeds: Vec<f64> = admin["backends"]
         .as_array()
         .unwrap()
@@ -177,14 +170,7 @@ async fn token_aware_avoids_an_engine_with_a_deep_queue_it_did_not_cause() {
             Duration::from_secs(10),
             "the gateway sees the busy queue",
             || async {
-                let admin: serde_json::Value = client()
-                    .get(gw.url("/admin/backends"))
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
+                let admin = gw.admin_backends().await;
                 admin["backends"]
                     .as_array()
                     .unwrap()
@@ -363,23 +349,9 @@ async fn a_prompt_is_pending_prefill_until_its_first_token() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let admin: serde_json::Value = client()
-        .get(gw.admin_url("/admin/backends"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let admin = gw.admin_backends().await;
     let shown = &admin["backends"][0]["routing"]["gateway"];
-    let metrics = client()
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics_text().await;
     let (requests, tokens) = pending_prefill(&gw);
     // still prefilling (no chunk read yet; the prefill takes seconds)
     assert_eq!(requests, 1, "{admin}");
@@ -454,14 +426,7 @@ async fn a_tgi_kv_budget_is_learned_from_batches_that_held_requests_back() {
     );
     let gw = TestGateway::start_healthy(&toml).await;
     let signals = || async {
-        let admin: serde_json::Value = client()
-            .get(gw.url("/admin/backends"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let admin = gw.admin_backends().await;
         admin["backends"][0]["routing"]["signals"].clone()
     };
     // Nothing has waited yet: no budget, no usage.
@@ -496,14 +461,7 @@ async fn a_tgi_kv_budget_is_learned_from_batches_that_held_requests_back() {
     // never above the engine's real budget; the batch it was learned from fills it
     assert!(budget <= 2500, "{s}");
     assert_eq!(s["kv_cache_usage"].as_f64(), Some(1.0), "{s}");
-    let text = client()
-        .get(gw.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics_text().await;
     assert_eq!(
         metric(
             &text,

@@ -56,14 +56,7 @@ async fn reserved(g: &TestGateway, key: &str, content: &str) -> (u64, u64, Durat
 }
 
 async fn tokenize_count(g: &TestGateway, backend: &str, outcome: &str) -> f64 {
-    let text = client()
-        .get(g.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = g.metrics_text().await;
     let series =
         format!("sluice_tokenize_requests_total{{backend=\"{backend}\",outcome=\"{outcome}\"}}");
     metric(&text, &series)

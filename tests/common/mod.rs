@@ -125,6 +125,30 @@ impl TestGateway {
         .await;
     }
 
+    /// `GET /admin/backends` (on the admin listener when there is one), as JSON.
+    pub async fn admin_backends(&self) -> serde_json::Value {
+        client()
+            .get(self.admin_url("/admin/backends"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// `GET /metrics` (on the admin listener when there is one), as text.
+    pub async fn metrics_text(&self) -> String {
+        client()
+            .get(self.admin_url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// Stop accepting, drain, and wait for the server to finish.
     pub async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {
