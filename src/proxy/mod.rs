@@ -59,9 +59,10 @@ const MAX_QUEUE_ROUNDS: u32 = 100_000;
 pub async fn handle(gw: Arc<Gateway>, endpoint: Endpoint, req: Request<Body>) -> Response {
     let started = Instant::now();
     let request_id = crate::server::guard::request_id(req.headers());
-    let mut record = AccessRecord::new(request_id.clone(), endpoint.label(), started);
+    let mut record = AccessRecord::new(request_id, endpoint.label(), started);
     let rt = gw.runtime();
-    let mut response = match proxy(&gw, &rt, endpoint, req, &mut record).await {
+    // (the connection's service puts the request id on the response, as on every response)
+    match proxy(&gw, &rt, endpoint, req, &mut record).await {
         Ok(resp) => resp,
         Err(err) => {
             record.status = err.status.as_u16();
@@ -69,11 +70,7 @@ pub async fn handle(gw: Arc<Gateway>, endpoint: Endpoint, req: Request<Body>) ->
             record.finish();
             err.into_response()
         }
-    };
-    if let Ok(v) = HeaderValue::from_str(&request_id) {
-        response.headers_mut().insert("x-request-id", v);
     }
-    response
 }
 
 async fn read_body(req: Request<Body>, limit: usize) -> Result<(HeaderMap, Bytes), ApiError> {
