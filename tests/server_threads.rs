@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{backend, chat_body, client, eventually, metric, sim, sse_data, TestGateway};
+use common::{backend, chat_body, eventually, metric, sim, sse_data, TestGateway};
 use sluice::sim::SimKind;
 
 const THREADS: usize = 3;
@@ -24,17 +24,6 @@ fn per_thread(metrics: &str) -> Vec<f64> {
             }
         })
         .collect()
-}
-
-async fn metrics(g: &TestGateway) -> String {
-    client()
-        .get(g.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
@@ -71,7 +60,7 @@ async fn connections_are_spread_over_the_threads_and_served_there() {
     eventually(
         Duration::from_secs(10),
         "two connections per thread",
-        || async move { per_thread(&metrics(g2).await) == vec![2.0; THREADS] },
+        || async move { per_thread(&g2.metrics_text().await) == vec![2.0; THREADS] },
     )
     .await;
 
@@ -109,7 +98,7 @@ async fn connections_are_spread_over_the_threads_and_served_there() {
     eventually(
         Duration::from_secs(10),
         "no connection left",
-        || async move { per_thread(&metrics(g2).await) == vec![0.0; THREADS] },
+        || async move { per_thread(&g2.metrics_text().await) == vec![0.0; THREADS] },
     )
     .await;
     g.stop().await;
