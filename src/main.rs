@@ -156,11 +156,16 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let grace = config.server.shutdown_grace;
-    sluice::server::tls::configure_backends(&config.backend_tls);
-    let gw = sluice::Gateway::new(config);
-    sluice::config::reload::spawn_watcher(gw.clone(), path);
-    sluice::serve_gateway(gw, listener, admin, shutdown_signal(), grace).await;
+    let (_gw, serving) = sluice::app::start(
+        config,
+        sluice::app::Listeners {
+            client: listener,
+            admin,
+        },
+        Some(path),
+        shutdown_signal(),
+    );
+    serving.await;
     tracing::info!("stopped");
     Ok(())
 }

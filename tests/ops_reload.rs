@@ -61,7 +61,7 @@ async fn file_change_adds_removes_drains_and_rejects_bad_files() {
     let v1 = head(&backend("a", "vllm", &a.url(), &["m"]));
     std::fs::write(&path, &v1).unwrap();
     let g = TestGateway::start_healthy(&v1).await;
-    let watch = sluice::config::reload::spawn_file_watch(Arc::downgrade(&g.gw), path.clone());
+    let watch = sluice::app::reload::spawn_file_watch(Arc::downgrade(&g.gw), path.clone());
     let chat_url = g.url("/v1/chat/completions");
 
     // A stream on `a`, first chunk received.
@@ -169,10 +169,10 @@ async fn reload_now_reports_problems_and_keeps_the_old_config() {
     std::fs::write(&path, &v1).unwrap();
     let g = TestGateway::start_healthy(&v1).await;
     std::fs::write(&path, "[server]\nlisten = \"nowhere\"\n").unwrap();
-    assert!(!sluice::config::reload::reload_now(&g.gw, &path));
+    assert!(!sluice::app::reload::reload_now(&g.gw, &path));
     assert!(g.gw.runtime().fleet.get("b").is_some());
     std::fs::remove_file(&path).unwrap();
-    assert!(!sluice::config::reload::reload_now(&g.gw, &path));
+    assert!(!sluice::app::reload::reload_now(&g.gw, &path));
     assert!(g.gw.runtime().fleet.get("b").is_some());
     g.stop().await;
 }

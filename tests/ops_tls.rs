@@ -347,8 +347,6 @@ async fn https_backend_trusted_through_backend_tls_ca_file() {
             &["m"]
         )
     );
-    let config = sluice::config::from_str(&text, "t").unwrap();
-    sluice::server::tls::configure_backends(&config.backend_tls);
     let g = TestGateway::start_healthy(&text).await;
     let r = client()
         .post(g.url("/v1/chat/completions"))

@@ -1,5 +1,6 @@
 //! Configuration: the TOML file's serde types ([`file`]), `${ENV}` interpolation ([`env`]),
-//! validation into the runtime [`Config`] ([`validate`]) and live reload ([`reload`]).
+//! validation into the runtime [`Config`] ([`validate`]). Watching the file and applying a
+//! changed one is the application's (`app::reload`).
 //!
 //! Invariants: a file is either accepted whole or rejected with every problem listed with its
 //! location; the runtime `Config` is immutable and shared as `Arc<Config>`; a reload swaps the
@@ -7,7 +8,6 @@
 
 pub mod env;
 pub mod file;
-pub mod reload;
 pub mod validate;
 
 pub use validate::{

@@ -627,12 +627,16 @@ fn tls_and_reload(
         .as_deref()
         .and_then(|c| path("backend_tls.ca_file", c));
     if let Some(t) = &tls {
-        if let Err(e) = crate::server::tls::check_server_files(t) {
+        if let Err(e) = crate::tls::check_server_files(crate::tls::ServerFiles {
+            cert: &t.cert,
+            key: &t.key,
+            client_ca: t.client_ca.as_deref(),
+        }) {
             p.push("tls", e);
         }
     }
     if let Some(c) = &backend_ca {
-        if let Err(e) = crate::server::tls::load_ca(c) {
+        if let Err(e) = crate::tls::load_ca(c) {
             p.push("backend_tls.ca_file", e);
         }
     }

@@ -13,16 +13,10 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{header, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 use crate::config::{BackendConfig, BackendKind, HealthConfig};
-
-pub type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
-/// The upstream client: one per backend (and per shard, see [`Backend::client`]), so each has its
-/// own pool and connect timeout.
-pub type HttpClient = Client<HttpsConnector, Full<Bytes>>;
+use crate::upstream::{BackendTls, Pools, Target};
+pub use crate::upstream::{HttpClient, HttpsConnector};
 
 /// Why a gateway-side call to a backend ([`Backend::call`]) brought no whole answer.
 #[derive(Debug, thiserror::Error)]
@@ -313,18 +307,21 @@ impl BackendState {
 pub struct Backend {
     pub config: BackendConfig,
     pub state: Arc<BackendState>,
-    /// Connection pools, made on first use: slot 0 for the control runtime (probes, scraping,
-    /// discovery), then one per shard of the client listener.
-    pools: Box<[OnceLock<HttpClient>]>,
+    /// Connection pools, one per serving thread, over the fleet's backend TLS configuration.
+    pools: Pools,
     /// Client model name → backend name, from the config.
     configured: ModelMap,
 }
 
 impl Backend {
+    /// A backend with the default backend TLS settings (the system's trust roots).
     pub fn new(config: BackendConfig, state: Arc<BackendState>) -> Backend {
-        let pools = (0..=crate::server::shards::default_count())
-            .map(|_| OnceLock::new())
-            .collect();
+        Backend::with_tls(config, state, &BackendTls::default())
+    }
+
+    /// A backend whose clients use `tls` (its fleet's `[backend_tls]`).
+    pub fn with_tls(config: BackendConfig, state: Arc<BackendState>, tls: &BackendTls) -> Backend {
+        let pools = Pools::new(tls, config.timeouts.connect);
         let mut configured = ModelMap::new();
         for m in &config.models {
             let backend_name = config
@@ -346,17 +343,10 @@ impl Backend {
         &self.config.name
     }
 
-    /// The HTTP client for this thread: a shard's own pool, so the connections a shard's
-    /// requests use are driven by that shard and no request wakes another thread (see
-    /// [`crate::server::shards`]); the control runtime's pool elsewhere. Shards beyond the
-    /// cores (`[server] threads` above them) share pools, which is correct, only less local.
+    /// The HTTP client for this thread: a serving thread's own pool (see [`Pools::client`]),
+    /// the control runtime's pool elsewhere.
     pub fn client(&self) -> &HttpClient {
-        let n = self.pools.len();
-        let i = match crate::server::shards::current() {
-            0 => 0,
-            s => 1 + (s - 1) % n.saturating_sub(1).max(1),
-        };
-        self.pools[i.min(n - 1)].get_or_init(|| build_client(&self.config))
+        self.pools.client()
     }
 
     pub fn kind(&self) -> BackendKind {
@@ -386,10 +376,11 @@ impl Backend {
         let req = req
             .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| CallError::Request(e.to_string()))?;
-        let resp =
-            self.client().request(req).await.map_err(|e| {
-                CallError::Transport(crate::proxy::forward::describe_client_error(&e))
-            })?;
+        let resp = self
+            .client()
+            .request(req)
+            .await
+            .map_err(|e| CallError::Transport(crate::upstream::describe_client_error(&e)))?;
         let status = resp.status();
         let body = Limited::new(resp.into_body(), limit)
             .collect()
@@ -481,21 +472,14 @@ impl Backend {
     }
 }
 
-fn build_client(config: &BackendConfig) -> HttpClient {
-    let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(config.timeouts.connect));
-    http.set_nodelay(true);
-    http.enforce_http(false);
-    http.set_keepalive(Some(Duration::from_secs(30)));
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(crate::server::tls::client_config())
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(4096)
-        .build(connector)
+impl Target for Backend {
+    fn url_for(&self, path: &str) -> Result<Uri, http::Error> {
+        Backend::url_for(self, path)
+    }
+
+    fn client(&self) -> &HttpClient {
+        Backend::client(self)
+    }
 }
 
 #[cfg(test)]
@@ -627,7 +611,7 @@ mod tests {
         let on_shard = |i: usize| {
             let b = b.clone();
             std::thread::spawn(move || {
-                crate::server::shards::enter(i);
+                crate::rt::enter(i);
                 pool(&b)
             })
             .join()
@@ -636,11 +620,11 @@ mod tests {
         let first = on_shard(1);
         assert_ne!(first, control, "a shard does not share the control pool");
         assert_eq!(first, on_shard(1), "the same shard, the same pool");
-        if crate::server::shards::default_count() > 1 {
+        if crate::rt::default_count() > 1 {
             assert_ne!(first, on_shard(2), "another shard, another pool");
         }
         // shards beyond the cores share pools, never the control one
-        let beyond = on_shard(crate::server::shards::default_count() + 1);
+        let beyond = on_shard(crate::rt::default_count() + 1);
         assert_ne!(beyond, control);
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::{Backend, BackendState};
 use crate::config::{BackendConfig, Config, PolicyKind};
+use crate::upstream::BackendTls;
 
 /// The fleet of one config snapshot.
 #[derive(Debug, Default)]
@@ -17,6 +18,8 @@ pub struct Fleet {
     pub backends: Vec<Arc<Backend>>,
     aliases: HashMap<String, String>,
     policies: HashMap<String, PolicyKind>,
+    /// The backends' TLS client configuration, from this snapshot's `[backend_tls]`.
+    tls: BackendTls,
 }
 
 /// The candidates for one request.
@@ -50,6 +53,7 @@ impl Fleet {
         members: &[BackendConfig],
         previous: Option<&Fleet>,
     ) -> Fleet {
+        let tls = BackendTls::build(&config.backend_tls, previous.map(|p| &p.tls));
         let mut backends: Vec<Arc<Backend>> =
             Vec::with_capacity(config.backends.len() + members.len());
         for bc in config.backends.iter().chain(members.iter()) {
@@ -61,7 +65,7 @@ impl Fleet {
                 .filter(|old| old.config.kind == bc.kind && old.config.url == bc.url)
                 .map(|old| old.state.clone())
                 .unwrap_or_else(|| Arc::new(BackendState::new()));
-            backends.push(Arc::new(Backend::new(bc.clone(), state)));
+            backends.push(Arc::new(Backend::with_tls(bc.clone(), state, &tls)));
         }
         let mut policies = HashMap::new();
         for m in &config.models {
@@ -73,7 +77,13 @@ impl Fleet {
             backends,
             aliases: config.alias_map(),
             policies,
+            tls,
         }
+    }
+
+    /// The backend TLS configuration this fleet's clients use.
+    pub fn tls(&self) -> &BackendTls {
+        &self.tls
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Backend>> {

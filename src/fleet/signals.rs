@@ -29,6 +29,7 @@ use super::backend::now_ms;
 use super::prom::{self, Sample};
 use super::Backend;
 use crate::config::{BackendKind, HealthConfig};
+use crate::telemetry::metrics as m;
 
 /// Re-read TGI's `/info` (capacity) this often.
 const INFO_EVERY_MS: u64 = 10_000;
@@ -300,7 +301,7 @@ pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u
             .engine_waiting
             .store(t.waiting.max(0.0) as u64, Ordering::Relaxed);
     }
-    crate::telemetry::metrics::backend_signals(backend.name(), &next);
+    backend_signals(backend.name(), &next);
     backend.state.signals.store(Arc::new(next));
 }
 
@@ -321,6 +322,17 @@ pub async fn run(backend: Arc<Backend>, cfg: HealthConfig) {
                 .max(Duration::from_millis(10)),
         )
         .await;
+    }
+}
+
+/// Publish a backend's freshly read engine signals.
+pub fn backend_signals(backend: &str, s: &Signals) {
+    if let Some(t) = s.total {
+        metrics::gauge!(m::BACKEND_QUEUE_DEPTH, "backend" => backend.to_string()).set(t.waiting);
+        metrics::gauge!(m::BACKEND_RUNNING, "backend" => backend.to_string()).set(t.running);
+        if let Some(kv) = t.kv_usage {
+            metrics::gauge!(m::BACKEND_KV_CACHE_USAGE, "backend" => backend.to_string()).set(kv);
+        }
     }
 }
 

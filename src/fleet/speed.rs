@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
+use crate::telemetry::metrics as m;
+
 /// Weight of a new sample.
 const ALPHA: f64 = 0.2;
 
@@ -210,6 +212,21 @@ impl ModelStats {
             Some(r) => (estimate as f64 * r).round() as u64,
             None => estimate,
         }
+    }
+}
+
+/// Publish a backend's measured speeds.
+pub fn backend_speeds(backend: &str, s: &Speeds) {
+    if let Some(v) = s.ttft_seconds.get() {
+        metrics::gauge!(m::BACKEND_TTFT_EWMA_SECONDS, "backend" => backend.to_string()).set(v);
+    }
+    if let Some(v) = s.decode_tps.get() {
+        metrics::gauge!(m::BACKEND_DECODE_TOKENS_PER_SECOND, "backend" => backend.to_string())
+            .set(v);
+    }
+    if let Some(v) = s.prefill_tps.get() {
+        metrics::gauge!(m::BACKEND_PREFILL_TOKENS_PER_SECOND, "backend" => backend.to_string())
+            .set(v);
     }
 }
 

@@ -33,7 +33,7 @@ use crate::auth::Identity;
 use crate::config::validate::LimitSet;
 use crate::config::Config;
 use crate::openai::ApiError;
-use crate::proxy::observe::{Outcome, SettleHook};
+use crate::settle::{Outcome, SettleHook};
 use crate::telemetry::metrics as m;
 use headers::go_duration;
 use local::LocalStore;

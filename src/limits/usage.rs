@@ -13,7 +13,7 @@ use std::sync::Arc;
 use metrics::Counter;
 use serde::Serialize;
 
-use crate::proxy::observe::Usage;
+use crate::openai::usage::Usage;
 use crate::telemetry::handles::LabelCache;
 use crate::telemetry::metrics as m;
 

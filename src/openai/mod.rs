@@ -7,6 +7,7 @@
 pub mod edit;
 pub mod error;
 pub mod request;
+pub mod usage;
 
 pub use error::ApiError;
 pub use request::{Endpoint, RequestFields};

@@ -20,7 +20,6 @@
 //!   backoff) and `overloaded`; other retryable failures count towards its ejection.
 //! - No network input can panic this code; every failure is an [`ApiError`].
 
-pub mod forward;
 pub mod headers;
 pub mod observe;
 pub mod sse;
@@ -43,7 +42,7 @@ use crate::openai::{request, ApiError, Endpoint};
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
-use forward::{retry_after, retryable_status, AttemptError};
+use crate::upstream::{self as forward, retry_after, retryable_status, AttemptError};
 use observe::{Edits, ObservedStream, Settle};
 
 /// Largest error body read from a backend to normalise it.
@@ -58,7 +57,7 @@ const MAX_QUEUE_ROUNDS: u32 = 100_000;
 /// Handle one inference request end to end.
 pub async fn handle(gw: Arc<Gateway>, endpoint: Endpoint, req: Request<Body>) -> Response {
     let started = Instant::now();
-    let request_id = crate::server::guard::request_id(req.headers());
+    let request_id = crate::telemetry::access::request_id(req.headers());
     let mut record = AccessRecord::new(request_id, endpoint.label(), started);
     let rt = gw.runtime();
     // (the connection's service puts the request id on the response, as on every response)

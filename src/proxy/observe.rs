@@ -33,109 +33,12 @@ use tokio::time::Sleep;
 
 use super::sse::{event_data_borrowed, SseScanner};
 use crate::config::HealthConfig;
-use crate::fleet::{Backend, LoadGuard};
+use crate::fleet::Backend;
 use crate::openai::edit::{self, Splice};
+pub use crate::openai::usage::Usage;
 use crate::openai::ApiError;
-use crate::telemetry::access::AccessRecord;
+pub use crate::settle::{Outcome, Settle, SettleHook};
 use crate::telemetry::metrics as m;
-
-/// Token counts a backend reported.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub struct Usage {
-    #[serde(default)]
-    pub prompt_tokens: u64,
-    #[serde(default)]
-    pub completion_tokens: u64,
-}
-
-/// How a request ended, for settlement hooks (limits reconcile with it).
-#[derive(Debug, Clone, Copy)]
-pub struct Outcome {
-    pub usage: Option<Usage>,
-    /// The backend produced the whole answer.
-    pub complete: bool,
-    /// Since the request arrived: until the first token (streams), until the end.
-    pub ttft: Option<Duration>,
-    pub elapsed: Duration,
-}
-
-/// Work to do when a request is over.
-pub type SettleHook = Box<dyn FnOnce(&Outcome) + Send>;
-
-/// Everything released when a request is over; runs once, on completion or drop.
-pub struct Settle {
-    pub record: AccessRecord,
-    pub guard: Option<LoadGuard>,
-    pub hooks: Vec<SettleHook>,
-    pub usage: Option<Usage>,
-    pub complete: bool,
-    /// The gateway's estimate of the prompt's tokens (charged when a stream ends without a
-    /// usage report after output was produced: a cut stream is not free).
-    pub prompt_estimate: u64,
-    /// Text-bearing events streamed to the client (≈ tokens).
-    pub streamed_tokens: u64,
-    done: bool,
-}
-
-impl Settle {
-    pub fn new(record: AccessRecord) -> Settle {
-        Settle {
-            record,
-            guard: None,
-            hooks: Vec::new(),
-            usage: None,
-            complete: false,
-            prompt_estimate: 0,
-            streamed_tokens: 0,
-            done: false,
-        }
-    }
-
-    fn run(&mut self) {
-        if self.done {
-            return;
-        }
-        self.done = true;
-        if self.usage.is_none() && self.streamed_tokens > 0 {
-            // Output was produced but no usage came (cut, or the client left): charge the
-            // estimate, so interrupting a stream is not a way around token limits.
-            self.usage = Some(Usage {
-                prompt_tokens: self.prompt_estimate,
-                completion_tokens: self.streamed_tokens,
-            });
-            self.record.usage_estimated = true;
-        }
-        if let Some(u) = self.usage {
-            self.record.prompt_tokens = Some(u.prompt_tokens);
-            self.record.completion_tokens = Some(u.completion_tokens);
-        }
-        self.guard = None;
-        let outcome = Outcome {
-            usage: self.usage,
-            complete: self.complete,
-            ttft: self.record.ttft,
-            elapsed: self.record.started.elapsed(),
-        };
-        for hook in self.hooks.drain(..) {
-            hook(&outcome);
-        }
-        self.record.finish();
-    }
-
-    /// Settle now (for responses that are not streamed).
-    pub fn finish(mut self) {
-        self.run();
-    }
-}
-
-impl Drop for Settle {
-    fn drop(&mut self) {
-        if !self.done && !self.complete && self.record.error.is_none() {
-            self.record.cancelled = true;
-        }
-        self.run();
-    }
-}
 
 /// A settlement hook that feeds what a finished request taught: the backend's speed EWMAs
 /// (TTFT, prefill and decode speed, from the moment it was sent there) and the model's output
@@ -173,7 +76,7 @@ pub fn learn_hook(
             },
             busy,
         );
-        m::backend_speeds(backend.name(), &backend.state.speeds);
+        crate::fleet::speed::backend_speeds(backend.name(), &backend.state.speeds);
     })
 }
 
@@ -666,6 +569,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::access::AccessRecord;
 
     #[test]
     fn inspect_chunks() {

@@ -15,29 +15,15 @@ use std::future::Future;
 
 use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
-use http::{header, HeaderMap, HeaderValue, Request, Version};
+use http::{header, HeaderValue, Request, Version};
 
 use crate::openai::ApiError;
+pub use crate::telemetry::access::{new_id, request_id};
 use crate::telemetry::metrics as m;
 
 /// Header that makes a debug build panic inside the handler, so tests can prove the barrier.
 /// Release builds ignore it.
 pub const TEST_PANIC_HEADER: &str = "x-sluice-test-panic";
-
-/// The client's `x-request-id` when it is sane, else a new random one.
-pub fn request_id(headers: &HeaderMap) -> String {
-    headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|s| !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic()))
-        .map(str::to_string)
-        .unwrap_or_else(new_id)
-}
-
-/// A random 128-bit id in hex.
-pub fn new_id() -> String {
-    format!("{:032x}", rand::random::<u128>())
-}
 
 /// Refuse an HTTP/1 request whose body framing is ambiguous: `Content-Length` together with
 /// `Transfer-Encoding`, or more than one `Content-Length` (two headers or a list). hyper picks
@@ -100,6 +86,7 @@ pub async fn catch_panic(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
 
     fn req(version: Version, headers: &[(&str, &str)]) -> Request<()> {
         let mut b = Request::builder()

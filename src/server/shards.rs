@@ -6,7 +6,7 @@
 //! connections. From then on everything that connection does runs on its shard: hyper's
 //! connection task, every request's handler, and the backend connections those requests use,
 //! because each shard draws from its own connection pool per backend
-//! ([`crate::fleet::Backend::client`] picks it by [`current`]). A proxied request therefore
+//! ([`crate::upstream::Pools`] picks it by [`crate::rt::current`]). A proxied request therefore
 //! wakes no other thread: no work-stealing queues, no cross-core hand-off between the client
 //! connection and the backend connection.
 //!
@@ -21,32 +21,14 @@
 //!   limit's settlement) is spawned on the control runtime, not a shard's (see
 //!   [`crate::limits`]), so a shard ending first does not cut it.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use super::Stage;
-
-thread_local! {
-    static SHARD: Cell<usize> = const { Cell::new(0) };
-}
-
-/// The shard this thread serves (1-based), or 0 outside the shards.
-pub fn current() -> usize {
-    SHARD.with(Cell::get)
-}
-
-/// Mark this thread as shard `i` (0: not a shard). Done once by each shard thread at its start.
-pub(crate) fn enter(i: usize) {
-    SHARD.with(|s| s.set(i));
-}
-
-/// How many shards serve a listener by default: one per core the process may run on.
-pub fn default_count() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-}
+pub(crate) use crate::rt::enter;
+pub use crate::rt::{current, default_count};
 
 /// What the accept loop hands a shard: run on the shard's runtime (so it may spawn there),
 /// given the connection's [`Placement`].

@@ -9,6 +9,21 @@ use metrics::{Counter, Histogram};
 use super::handles::LabelCache;
 use super::metrics as m;
 
+/// The client's `x-request-id` when it is sane, else a new random one.
+pub fn request_id(headers: &http::HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(new_id)
+}
+
+/// A random 128-bit id in hex.
+pub fn new_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
 /// What is known about a request by the time it ends.
 #[derive(Debug, Clone)]
 pub struct AccessRecord {

@@ -159,30 +159,6 @@ pub const BACKEND_PREFILL_TOKENS_PER_SECOND: &str = "sluice_backend_prefill_toke
 /// Routing decisions, by `policy` and chosen `backend`.
 pub const ROUTING_DECISIONS_TOTAL: &str = "sluice_routing_decisions_total";
 
-/// Publish a backend's freshly read engine signals.
-pub fn backend_signals(backend: &str, s: &crate::fleet::signals::Signals) {
-    if let Some(t) = s.total {
-        metrics::gauge!(BACKEND_QUEUE_DEPTH, "backend" => backend.to_string()).set(t.waiting);
-        metrics::gauge!(BACKEND_RUNNING, "backend" => backend.to_string()).set(t.running);
-        if let Some(kv) = t.kv_usage {
-            metrics::gauge!(BACKEND_KV_CACHE_USAGE, "backend" => backend.to_string()).set(kv);
-        }
-    }
-}
-
-/// Publish a backend's measured speeds.
-pub fn backend_speeds(backend: &str, s: &crate::fleet::speed::Speeds) {
-    if let Some(v) = s.ttft_seconds.get() {
-        metrics::gauge!(BACKEND_TTFT_EWMA_SECONDS, "backend" => backend.to_string()).set(v);
-    }
-    if let Some(v) = s.decode_tps.get() {
-        metrics::gauge!(BACKEND_DECODE_TOKENS_PER_SECOND, "backend" => backend.to_string()).set(v);
-    }
-    if let Some(v) = s.prefill_tps.get() {
-        metrics::gauge!(BACKEND_PREFILL_TOKENS_PER_SECOND, "backend" => backend.to_string()).set(v);
-    }
-}
-
 /// `2xx`, `4xx`, `5xx`.
 pub fn status_class(status: u16) -> &'static str {
     match status {

@@ -35,18 +35,19 @@ impl TestGateway {
             None => None,
         };
         let admin_addr = admin.as_ref().map(|l| l.local_addr().unwrap());
-        let grace = config.server.shutdown_grace;
-        let gw = Gateway::new(config);
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(sluice::serve_gateway(
-            gw.clone(),
-            listener,
-            admin,
+        let (gw, serving) = sluice::app::start(
+            config,
+            sluice::app::Listeners {
+                client: listener,
+                admin,
+            },
+            None,
             async move {
                 let _ = rx.await;
             },
-            grace,
-        ));
+        );
+        let task = tokio::spawn(serving);
         TestGateway {
             addr,
             admin_addr,

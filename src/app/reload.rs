@@ -10,7 +10,9 @@
 //!
 //! Invariants: a rejected file is not retried until its content changes again; requests in
 //! flight finish on the snapshot they started with (a removed backend drains, its streams run
-//! to the end); backend state, tenant usage and the wait queue survive a reload.
+//! to the end); backend state, tenant usage and the wait queue survive a reload. Everything a
+//! reload changes, `[backend_tls]` included, is applied by [`Gateway::reload`]: nothing is set
+//! beside it.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
@@ -23,7 +25,7 @@ use crate::telemetry::metrics as m;
 
 /// Reload `path` into `gw` now. Returns whether the new config was applied.
 pub fn reload_now(gw: &Gateway, path: &Path) -> bool {
-    match super::load(path) {
+    match crate::config::load(path) {
         Ok(config) => {
             let old = gw.runtime();
             let old_names: Vec<&str> = old
@@ -64,7 +66,6 @@ pub fn reload_now(gw: &Gateway, path: &Path) -> bool {
                 changed = ?changed,
                 "config reloaded"
             );
-            crate::server::tls::configure_backends(&config.backend_tls);
             gw.reload(config);
             metrics::counter!(m::CONFIG_RELOADS_TOTAL, "result" => "applied").increment(1);
             let now = SystemTime::now()

@@ -8,11 +8,29 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
-use crate::fleet::Backend;
+use super::HttpClient;
+
+/// Where an attempt goes: a backend as the upstream client sees it.
+pub trait Target {
+    /// The URL of `path` (e.g. `/v1/chat/completions`) on this backend.
+    fn url_for(&self, path: &str) -> Result<Uri, http::Error>;
+    /// The client (connection pool) to send with from this thread.
+    fn client(&self) -> &HttpClient;
+}
+
+impl<T: Target + ?Sized> Target for std::sync::Arc<T> {
+    fn url_for(&self, path: &str) -> Result<Uri, http::Error> {
+        (**self).url_for(path)
+    }
+
+    fn client(&self) -> &HttpClient {
+        (**self).client()
+    }
+}
 
 /// Why an attempt produced no response head.
 #[derive(Debug, thiserror::Error)]
@@ -45,8 +63,8 @@ pub fn retryable_status(status: StatusCode) -> bool {
 }
 
 /// Send `body` to `path` on `backend`, waiting at most `timeout` for the response head.
-pub async fn send(
-    backend: &Backend,
+pub async fn send<T: Target + ?Sized>(
+    backend: &T,
     path: &str,
     headers: HeaderMap,
     body: Bytes,

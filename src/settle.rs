@@ -1,0 +1,106 @@
+//! Settlement: what is released and recorded when a request is over.
+//!
+//! A request carries one [`Settle`] from the moment a backend is chosen. It holds the load
+//! guard, the access record and the hooks other layers registered (limits reconcile their
+//! reservations, the fleet learns speeds); the proxy fills in the usage and whether the answer
+//! was complete.
+//!
+//! Invariant: [`Settle`] runs exactly once, on [`Settle::finish`] or on drop (the client left):
+//! the load guard is released before the hooks run, the access line is written last.
+
+use std::time::Duration;
+
+use crate::fleet::LoadGuard;
+use crate::openai::usage::Usage;
+use crate::telemetry::access::AccessRecord;
+
+/// How a request ended, for settlement hooks (limits reconcile with it).
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    pub usage: Option<Usage>,
+    /// The backend produced the whole answer.
+    pub complete: bool,
+    /// Since the request arrived: until the first token (streams), until the end.
+    pub ttft: Option<Duration>,
+    pub elapsed: Duration,
+}
+
+/// Work to do when a request is over.
+pub type SettleHook = Box<dyn FnOnce(&Outcome) + Send>;
+
+/// Everything released when a request is over; runs once, on completion or drop.
+pub struct Settle {
+    pub record: AccessRecord,
+    pub guard: Option<LoadGuard>,
+    pub hooks: Vec<SettleHook>,
+    pub usage: Option<Usage>,
+    pub complete: bool,
+    /// The gateway's estimate of the prompt's tokens (charged when a stream ends without a
+    /// usage report after output was produced: a cut stream is not free).
+    pub prompt_estimate: u64,
+    /// Text-bearing events streamed to the client (≈ tokens).
+    pub streamed_tokens: u64,
+    done: bool,
+}
+
+impl Settle {
+    pub fn new(record: AccessRecord) -> Settle {
+        Settle {
+            record,
+            guard: None,
+            hooks: Vec::new(),
+            usage: None,
+            complete: false,
+            prompt_estimate: 0,
+            streamed_tokens: 0,
+            done: false,
+        }
+    }
+
+    /// Settle now unless it already ran (the streamed body calls this when its last byte is
+    /// sent).
+    pub fn run(&mut self) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if self.usage.is_none() && self.streamed_tokens > 0 {
+            // Output was produced but no usage came (cut, or the client left): charge the
+            // estimate, so interrupting a stream is not a way around token limits.
+            self.usage = Some(Usage {
+                prompt_tokens: self.prompt_estimate,
+                completion_tokens: self.streamed_tokens,
+            });
+            self.record.usage_estimated = true;
+        }
+        if let Some(u) = self.usage {
+            self.record.prompt_tokens = Some(u.prompt_tokens);
+            self.record.completion_tokens = Some(u.completion_tokens);
+        }
+        self.guard = None;
+        let outcome = Outcome {
+            usage: self.usage,
+            complete: self.complete,
+            ttft: self.record.ttft,
+            elapsed: self.record.started.elapsed(),
+        };
+        for hook in self.hooks.drain(..) {
+            hook(&outcome);
+        }
+        self.record.finish();
+    }
+
+    /// Settle now (for responses that are not streamed).
+    pub fn finish(mut self) {
+        self.run();
+    }
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        if !self.done && !self.complete && self.record.error.is_none() {
+            self.record.cancelled = true;
+        }
+        self.run();
+    }
+}

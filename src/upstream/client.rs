@@ -1,0 +1,133 @@
+//! One backend's HTTP client: a connection pool per serving thread, over the TLS client
+//! configuration of the fleet the backend belongs to.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::BackendTlsConfig;
+
+pub type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
+/// The upstream client: one per backend and serving thread (see [`Pools`]), so each has its
+/// own pool and connect timeout.
+pub type HttpClient = Client<HttpsConnector, Full<Bytes>>;
+
+/// The rustls client configuration of one fleet's backends, with the `[backend_tls]` settings
+/// it was built from.
+#[derive(Debug, Clone)]
+pub struct BackendTls {
+    settings: BackendTlsConfig,
+    client: Arc<rustls::ClientConfig>,
+}
+
+impl Default for BackendTls {
+    /// The default settings (the system's trust roots), built once per process: they depend on
+    /// nothing a config can change.
+    fn default() -> Self {
+        static DEFAULT: OnceLock<BackendTls> = OnceLock::new();
+        DEFAULT
+            .get_or_init(|| {
+                let settings = BackendTlsConfig::default();
+                let client =
+                    crate::tls::client_config(settings.system_roots, None).unwrap_or_else(|e| {
+                        tracing::error!("default backend TLS unusable, trusting nothing: {e}");
+                        crate::tls::trust_nothing()
+                    });
+                BackendTls {
+                    settings,
+                    client: Arc::new(client),
+                }
+            })
+            .clone()
+    }
+}
+
+impl BackendTls {
+    /// The configuration for `settings`. Reuses `previous` when its settings are the same; a CA
+    /// file that cannot be read (it changed since the config was validated) leaves `previous`
+    /// in force, or the defaults when there is none.
+    pub fn build(settings: &BackendTlsConfig, previous: Option<&BackendTls>) -> BackendTls {
+        if let Some(p) = previous.filter(|p| &p.settings == settings) {
+            return p.clone();
+        }
+        if *settings == BackendTlsConfig::default() {
+            return BackendTls::default();
+        }
+        match crate::tls::client_config(settings.system_roots, settings.ca_file.as_deref()) {
+            Ok(c) => BackendTls {
+                settings: settings.clone(),
+                client: Arc::new(c),
+            },
+            Err(e) => {
+                tracing::error!("[backend_tls] not applied: {e}");
+                previous.cloned().unwrap_or_default()
+            }
+        }
+    }
+
+    /// The `[backend_tls]` settings in force.
+    pub fn settings(&self) -> &BackendTlsConfig {
+        &self.settings
+    }
+
+    /// The rustls configuration, shared by every client built from it.
+    pub fn client_config(&self) -> &Arc<rustls::ClientConfig> {
+        &self.client
+    }
+}
+
+/// One backend's clients: slot 0 for the control runtime (probes, scraping, discovery), then
+/// one per serving thread, each made on first use.
+#[derive(Debug)]
+pub struct Pools {
+    pools: Box<[OnceLock<HttpClient>]>,
+    tls: Arc<rustls::ClientConfig>,
+    connect_timeout: Duration,
+}
+
+impl Pools {
+    pub fn new(tls: &BackendTls, connect_timeout: Duration) -> Pools {
+        Pools {
+            pools: (0..=crate::rt::default_count())
+                .map(|_| OnceLock::new())
+                .collect(),
+            tls: tls.client.clone(),
+            connect_timeout,
+        }
+    }
+
+    /// The client for this thread: a serving thread's own pool, so the connections its
+    /// requests use are driven by that thread and no request wakes another; the control
+    /// runtime's pool elsewhere. Serving threads beyond the cores (`[server] threads` above
+    /// them) share pools, which is correct, only less local.
+    pub fn client(&self) -> &HttpClient {
+        let n = self.pools.len();
+        let i = match crate::rt::current() {
+            0 => 0,
+            s => 1 + (s - 1) % n.saturating_sub(1).max(1),
+        };
+        self.pools[i.min(n - 1)].get_or_init(|| build_client(&self.tls, self.connect_timeout))
+    }
+}
+
+fn build_client(tls: &rustls::ClientConfig, connect_timeout: Duration) -> HttpClient {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    http.set_keepalive(Some(Duration::from_secs(30)));
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls.clone())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(4096)
+        .build(connector)
+}

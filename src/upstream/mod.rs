@@ -1,0 +1,20 @@
+//! The HTTP client towards backends.
+//!
+//! - [`client`]: the connector and client of one backend, one connection pool per serving
+//!   thread ([`Pools`]), and the TLS client configuration a fleet's backends share
+//!   ([`BackendTls`], built from the config snapshot's `[backend_tls]`).
+//! - [`send`]: sending one attempt and classifying what came back ([`AttemptError`]), the
+//!   description of a client error, `Retry-After` parsing.
+//!
+//! This layer knows backends only through [`Target`] (a URL and a client); what a backend is
+//! (its state, its models) is the fleet's.
+//!
+//! Invariants: a request served by a serving thread uses that thread's pool, so no request
+//! wakes another thread; nothing here keeps process-wide settings (a backend's client is built
+//! from the TLS configuration of the fleet it belongs to).
+
+pub mod client;
+pub mod send;
+
+pub use client::{BackendTls, HttpClient, HttpsConnector, Pools};
+pub use send::{describe_client_error, retry_after, retryable_status, send, AttemptError, Target};
