@@ -329,6 +329,8 @@ async fn tls_front(cert: &str, key: &str, to: std::net::SocketAddr) -> std::net:
     addr
 }
 
+/// The test gateway is built like `sluice serve`: the fleet takes `[backend_tls]` from the
+/// config it is built with, nothing else has to be set.
 #[tokio::test]
 async fn https_backend_trusted_through_backend_tls_ca_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -355,5 +357,75 @@ async fn https_backend_trusted_through_backend_tls_ca_file() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    g.stop().await;
+}
+
+/// `[backend_tls]` is part of the config snapshot: a reload that switches the CA applies to the
+/// backends at once (their clients are rebuilt from the new fleet's TLS configuration).
+#[tokio::test]
+async fn reload_switching_the_backend_ca_takes_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wrong, right) = (ca("another ca"), ca("backend ca"));
+    let (cert, key, _) = leaf(&right, "backend", false);
+    let sim = sim(SimKind::Vllm, &["m"]).await;
+    let sim_addr: std::net::SocketAddr = sim.url().trim_start_matches("http://").parse().unwrap();
+    let front = tls_front(&cert, &key, sim_addr).await;
+    let text = |ca_p: &str| {
+        format!(
+            "[backend_tls]\nca_file = \"{ca_p}\"\nsystem_roots = false\n{FAST_HEALTH}{}",
+            backend(
+                "tls",
+                "vllm",
+                &format!("https://127.0.0.1:{}", front.port()),
+                &["m"]
+            )
+        )
+    };
+    let wrong_p = write(dir.path(), "wrong-ca.pem", &wrong.cert.pem());
+    let right_p = write(dir.path(), "right-ca.pem", &right.cert.pem());
+    let g = TestGateway::start(&text(&wrong_p)).await;
+    let chat = || async {
+        client()
+            .post(g.url("/v1/chat/completions"))
+            .json(&chat_body("m", false, 8))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    let last_error = || async {
+        let v = g.admin_backends().await;
+        v["backends"][0]["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    // Probes over TLS fail while the backend's certificate is not trusted.
+    eventually(
+        Duration::from_secs(10),
+        "a probe refused the certificate",
+        || async { last_error().await.contains("UnknownIssuer") },
+    )
+    .await;
+    assert_eq!(g.backend_state("tls"), "starting");
+    assert_ne!(chat().await, 200);
+
+    g.gw.reload(sluice::config::from_str(&text(&right_p), "t").unwrap());
+    let rt = g.gw.runtime();
+    let ca_file = rt.fleet.tls().settings().ca_file.as_deref();
+    assert_eq!(ca_file, Some(Path::new(&right_p)));
+    g.wait_all_healthy().await;
+    assert_eq!(chat().await, 200);
+
+    // And back: the old CA is in force again for new connections.
+    g.gw.reload(sluice::config::from_str(&text(&wrong_p), "t").unwrap());
+    let fleet_ca = g.gw.runtime().fleet.tls().settings().ca_file.clone();
+    assert_eq!(fleet_ca.as_deref(), Some(Path::new(&wrong_p)));
+    eventually(
+        Duration::from_secs(10),
+        "the backend fails over TLS again",
+        || async { g.backend_state("tls") != "healthy" },
+    )
+    .await;
     g.stop().await;
 }

@@ -343,6 +343,12 @@ impl Backend {
         &self.config.name
     }
 
+    /// Whether `other` has the same configuration and TLS client settings, so what was built
+    /// for one (a probe task) serves the other.
+    pub fn same_setup(&self, other: &Backend) -> bool {
+        self.config == other.config && self.pools.same_tls(&other.pools)
+    }
+
     /// The HTTP client for this thread: a serving thread's own pool (see [`Pools::client`]),
     /// the control runtime's pool elsewhere.
     pub fn client(&self) -> &HttpClient {

@@ -62,7 +62,7 @@ impl HealthMonitor {
         for b in &fleet.backends {
             let key = Arc::as_ptr(&b.state) as usize;
             match self.tasks.remove(&key) {
-                Some((old, handle)) if old.config == b.config => {
+                Some((old, handle)) if old.same_setup(b) => {
                     keep.insert(key, (old, handle));
                 }
                 Some((_, handle)) => {

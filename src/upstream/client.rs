@@ -101,6 +101,11 @@ impl Pools {
         }
     }
 
+    /// Whether `other` builds its clients from the same TLS configuration.
+    pub fn same_tls(&self, other: &Pools) -> bool {
+        Arc::ptr_eq(&self.tls, &other.tls)
+    }
+
     /// The client for this thread: a serving thread's own pool, so the connections its
     /// requests use are driven by that thread and no request wakes another; the control
     /// runtime's pool elsewhere. Serving threads beyond the cores (`[server] threads` above
