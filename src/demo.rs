@@ -35,7 +35,7 @@ pub enum DemoError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Run(#[from] crate::RunError),
+    Run(#[from] crate::app::RunError),
 }
 
 /// Start the fleet and the gateway; serve until `shutdown` resolves.
@@ -103,7 +103,7 @@ pub async fn run(
     println!(
         "# try it:\n\ncurl -s http://{addr}/v1/models\n\ncurl -sN http://{addr}/v1/chat/completions \\\n  -H 'content-type: application/json' \\\n  -d '{{\"model\":\"llama3\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n\n# or with the OpenAI Python SDK:\n#   from openai import OpenAI\n#   client = OpenAI(base_url=\"http://{addr}/v1\", api_key=\"unused\")\n#   for chunk in client.chat.completions.create(model=\"llama3\", stream=True,\n#           messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}]):\n#       print(chunk.choices[0].delta.content or \"\", end=\"\")\n"
     );
-    let result = crate::run(listener, config, shutdown).await;
+    let result = crate::app::run(listener, config, shutdown).await;
     for h in handles {
         h.shutdown().await;
     }

@@ -1,23 +1,37 @@
 //! Sluice: an OpenAI-compatible gateway for a fleet of inference servers (vLLM, TGI, Ollama and
 //! any OpenAI-compatible server).
 //!
-//! # Layout
-//! - [`config`]: the TOML file, `${ENV}` interpolation, validation into the runtime [`Config`].
-//! - [`server`]: accept loop, HTTP/1.1 + HTTP/2, the HTTP surface, TLS, graceful drain.
-//! - [`openai`]: the request fields routing reads, OpenAI-shaped errors, byte-level JSON edits.
-//! - [`auth`]: API keys (stored as SHA-256 hashes) and the tenants they belong to.
-//! - [`limits`]: per-key and per-tenant limits: admission, reservation, reconciliation.
-//! - [`fleet`]: backends, their live state and load counters, health probes, model discovery.
-//! - [`routing`]: policies that pick a backend: round-robin, least-request, token-aware,
-//!   prefix-affinity.
-//! - [`proxy`]: one request's path: forward, failover, streaming observer, settlement.
-//! - [`telemetry`]: logs, metric names, the access log.
-//! - [`gateway`]: the shared state (live config snapshot, router, health monitor).
-//! - [`sim`]: the backend simulator behind `sluice sim` and `sluice demo`.
-//! - [`demo`]: `sluice demo`, a gateway in front of an embedded simulated fleet.
+//! # Layers
+//! Bottom to top; a module names only modules of its own layer or lower ones (the table in
+//! docs/architecture.md, enforced by `tests/layering.rs`).
 //!
-//! The entry point for embedding and tests is [`run`]: it serves a bound listener until the
-//! shutdown future resolves.
+//! 1. [`telemetry`]: logs, metric names, the access record and request ids.
+//! 2. [`rt`]: the current serving thread's index, the default number of serving threads.
+//! 3. [`tls`]: TLS material from plain inputs: CA bundles, server certificates, the backend
+//!    client config.
+//! 4. [`config`]: the TOML file, `${ENV}` interpolation, validation into the runtime [`Config`].
+//! 5. [`openai`]: the OpenAI wire vocabulary: request fields, errors, byte-level JSON edits,
+//!    usage.
+//! 6. `api`: the client-API seam, one file per client API.
+//! 7. [`upstream`]: the HTTP client to backends: per-thread pools, backend TLS per fleet, send.
+//! 8. [`fleet`]: backends, their live state and load guards, health probes, signals, discovery,
+//!    the wait queue.
+//! 9. [`settle`]: what runs once when a request is over (load guard, hooks, access line).
+//! 10. [`auth`]: API keys (stored as SHA-256 hashes) and the tenants they belong to.
+//! 11. [`limits`]: per-key and per-tenant limits: admission, reservation, reconciliation.
+//! 12. [`routing`]: policies that pick a backend: round-robin, least-request, token-aware,
+//!     prefix-affinity.
+//! 13. [`gateway`]: the shared state (live config snapshot, fleet, router, limits, queue).
+//! 14. [`proxy`]: one request's path: attempts, failover, the streaming observer.
+//! 15. [`server`]: accept loop, HTTP/1.1 + HTTP/2, routes, listener TLS, graceful drain.
+//! 16. [`app`]: the composition root: the one build-and-serve path, the config reload watcher.
+//! 17. [`demo`]: `sluice demo`, a gateway in front of an embedded simulated fleet.
+//!
+//! Standalone: [`sim`], the backend simulator behind `sluice sim` and `sluice demo` (names
+//! only [`telemetry`]).
+//!
+//! The entry point for embedding and tests is [`run`] (in [`app`]): it serves a bound listener
+//! until the shutdown future resolves.
 
 #![forbid(unsafe_code)]
 // Errors here are OpenAI error bodies on the cold path; boxing them would buy nothing measurable.
