@@ -136,3 +136,54 @@ fn build_client(tls: &rustls::ClientConfig, connect_timeout: Duration) -> HttpCl
         .pool_max_idle_per_host(4096)
         .build(connector)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_ca(path: &str) -> BackendTlsConfig {
+        BackendTlsConfig {
+            ca_file: Some(path.into()),
+            system_roots: false,
+        }
+    }
+
+    #[test]
+    fn unchanged_settings_keep_the_configuration_changed_ones_do_not() {
+        let default = BackendTls::build(&BackendTlsConfig::default(), None);
+        assert!(Arc::ptr_eq(
+            default.client_config(),
+            BackendTls::default().client_config()
+        ));
+        let no_roots = BackendTlsConfig {
+            ca_file: None,
+            system_roots: false,
+        };
+        let a = BackendTls::build(&no_roots, Some(&default));
+        assert_eq!(a.settings(), &no_roots);
+        assert!(!Arc::ptr_eq(a.client_config(), default.client_config()));
+        let again = BackendTls::build(&no_roots, Some(&a));
+        assert!(Arc::ptr_eq(again.client_config(), a.client_config()));
+        let pools = |t: &BackendTls| Pools::new(t, Duration::from_secs(1));
+        assert!(pools(&a).same_tls(&pools(&again)));
+        assert!(!pools(&a).same_tls(&pools(&default)));
+    }
+
+    #[test]
+    fn an_unreadable_ca_keeps_the_previous_configuration() {
+        let dir = std::env::temp_dir().join(format!("sluice-no-such-dir-{}", std::process::id()));
+        let missing = dir.join("ca.pem");
+        let previous = BackendTls::build(
+            &BackendTlsConfig {
+                ca_file: None,
+                system_roots: false,
+            },
+            None,
+        );
+        let next = BackendTls::build(&with_ca(&missing.to_string_lossy()), Some(&previous));
+        assert!(Arc::ptr_eq(next.client_config(), previous.client_config()));
+        assert_eq!(next.settings(), previous.settings());
+        let first = BackendTls::build(&with_ca(&missing.to_string_lossy()), None);
+        assert_eq!(first.settings(), &BackendTlsConfig::default());
+    }
+}
