@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::gateway::Gateway;
@@ -82,7 +83,8 @@ pub struct Listeners {
 /// The one build-and-serve path (`sluice serve`, `sluice demo`, the tests): build the gateway
 /// for `config` and return it with the future that serves it on `listeners` until `shutdown`
 /// resolves, then drains for at most `server.shutdown_grace`. With `reload_from`, that file is
-/// reloaded on SIGHUP and on change ([`reload::spawn_watcher`]) once serving starts.
+/// reloaded on SIGHUP and on change ([`reload::spawn_watcher`]) once serving starts. Must run
+/// inside a tokio runtime (the gateway starts its probes at once).
 pub fn start(
     config: Config,
     listeners: Listeners,
@@ -114,14 +116,7 @@ pub async fn serve_gateway(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: std::time::Duration,
 ) {
-    let _ = telemetry::metrics::handle();
-    metrics::gauge!(telemetry::metrics::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"))
-        .set(1.0);
-    // Present from the start, so `increase(...)` alerts see the first reload too.
-    for result in ["applied", "rejected"] {
-        metrics::counter!(telemetry::metrics::CONFIG_RELOADS_TOTAL, "result" => result)
-            .increment(0);
-    }
+    publish_build_metrics();
     let tls = match &gw.runtime().config.tls {
         Some(t) => match server::tls::ServerTls::new(t) {
             Ok(tls) => {
@@ -138,24 +133,8 @@ pub async fn serve_gateway(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, tls = tls.is_some(), "sluice listening");
     }
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let gw_for_stop = gw.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        // Readiness goes first; the listeners close after `shutdown_delay`, so a load balancer
-        // (Kubernetes endpoints) stops sending before connections are refused.
-        gw_for_stop.set_unready();
-        let delay = gw_for_stop.runtime().config.server.shutdown_delay;
-        if !delay.is_zero() {
-            tracing::info!(
-                ?delay,
-                "unready; closing the listeners after the shutdown delay"
-            );
-            tokio::time::sleep(delay).await;
-        }
-        let _ = stop_tx.send(true);
-    });
-    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+    let stop_rx = spawn_shutdown(gw.clone(), shutdown);
+    let wait = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
     let admin_task = admin_listener.map(|l| {
@@ -172,4 +151,40 @@ pub async fn serve_gateway(
     if let Some(t) = admin_task {
         let _ = t.await;
     }
+}
+
+/// The metrics present from the start: the build, and the reload counters (so `increase(...)`
+/// alerts see the first reload too).
+fn publish_build_metrics() {
+    let _ = telemetry::metrics::handle();
+    metrics::gauge!(telemetry::metrics::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"))
+        .set(1.0);
+    for result in ["applied", "rejected"] {
+        metrics::counter!(telemetry::metrics::CONFIG_RELOADS_TOTAL, "result" => result)
+            .increment(0);
+    }
+}
+
+/// When `shutdown` resolves: readiness goes first, then the listeners are told to close after
+/// `shutdown_delay`, so a load balancer (Kubernetes endpoints) stops sending before
+/// connections are refused. The receiver turns true when the listeners should close.
+fn spawn_shutdown(
+    gw: Arc<Gateway>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> watch::Receiver<bool> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        gw.set_unready();
+        let delay = gw.runtime().config.server.shutdown_delay;
+        if !delay.is_zero() {
+            tracing::info!(
+                ?delay,
+                "unready; closing the listeners after the shutdown delay"
+            );
+            tokio::time::sleep(delay).await;
+        }
+        let _ = stop_tx.send(true);
+    });
+    stop_rx
 }
