@@ -3,8 +3,8 @@
 //! - [`client`]: the connector and client of one backend, one connection pool per serving
 //!   thread ([`Pools`]), and the TLS client configuration a fleet's backends share
 //!   ([`BackendTls`], built from the config snapshot's `[backend_tls]`).
-//! - [`send`]: sending one attempt and classifying what came back ([`AttemptError`]), the
-//!   description of a client error, `Retry-After` parsing.
+//! - [`send`](mod@send): sending one attempt and classifying what came back
+//!   ([`AttemptError`]), the description of a client error, `Retry-After` parsing.
 //!
 //! This layer knows backends only through [`Target`] (a URL and a client); what a backend is
 //! (its state, its models) is the fleet's.
