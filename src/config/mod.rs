@@ -1,5 +1,6 @@
 //! Configuration: the TOML file's serde types ([`file`]), `${ENV}` interpolation ([`env`]),
-//! validation into the runtime [`Config`] ([`validate`]) and live reload ([`reload`]).
+//! validation ([`validate`], one file per section) into the runtime types ([`runtime`]) and
+//! live reload ([`reload`]).
 //!
 //! Invariants: a file is either accepted whole or rejected with every problem listed with its
 //! location; the runtime `Config` is immutable and shared as `Arc<Config>`; a reload swaps the
@@ -8,9 +9,10 @@
 pub mod env;
 pub mod file;
 pub mod reload;
+pub mod runtime;
 pub mod validate;
 
-pub use validate::{
+pub use runtime::{
     AdminConfig, BackendConfig, BackendKind, BackendTlsConfig, Config, HealthConfig, KeyConfig,
     ModelConfig, PolicyKind, ReloadConfig, RoutingConfig, ServerConfig, Timeouts, TlsConfig,
 };
