@@ -133,14 +133,7 @@ impl Conn {
             tokio::select! {
                 r = conn.as_mut() => {
                     if let Err(e) = r {
-                        let timeout = e
-                            .downcast_ref::<hyper::Error>()
-                            .is_some_and(hyper::Error::is_timeout);
-                        if timeout && !state.timeout_counted() {
-                            metrics::counter!(m::CLIENT_TIMEOUTS_TOTAL, "listener" => listener, "kind" => "header")
-                                .increment(1);
-                        }
-                        tracing::debug!("connection ended: {e}");
+                        ended_with(&*e, listener, state);
                     }
                     return;
                 }
@@ -173,30 +166,59 @@ impl Conn {
                         check.as_mut().reset(deadline);
                     }
                 }
-                () = &mut check, if state != State::Draining => {
-                    let now = Instant::now();
-                    if let State::Closing { by, .. } = state {
-                        // GOAWAY sent or close asked, and the client is still here.
-                        if now >= by {
-                            return;
-                        }
+                () = &mut check, if state != State::Draining => match due(state, &act, &limits) {
+                    Due::Drop => return,
+                    Due::Wait(at) => check.as_mut().reset(at),
+                    Due::Close { by, kind } => {
+                        metrics::counter!(m::CLIENT_TIMEOUTS_TOTAL, "listener" => listener, "kind" => kind)
+                            .increment(1);
+                        conn.as_mut().graceful_shutdown();
+                        state = State::Closing { by, timeout_counted: true };
                         check.as_mut().reset(by);
-                        continue;
                     }
-                    match act.idle_deadline(&limits) {
-                        Some((deadline, kind)) if now >= deadline => {
-                            metrics::counter!(m::CLIENT_TIMEOUTS_TOTAL, "listener" => listener, "kind" => kind)
-                                .increment(1);
-                            conn.as_mut().graceful_shutdown();
-                            state = State::Closing { by: now + CLOSE_GRACE, timeout_counted: true };
-                            check.as_mut().reset(now + CLOSE_GRACE);
-                        }
-                        Some((deadline, _)) => check.as_mut().reset(deadline),
-                        // A request in flight: look again one idle period later.
-                        None => check.as_mut().reset(now + limits.idle_timeout),
-                    }
-                }
+                },
             }
         }
     }
+}
+
+/// What a connection does when its check timer fires (never while draining).
+enum Due {
+    /// Its closing deadline passed: drop it now.
+    Drop,
+    /// Nothing yet: look again then.
+    Wait(Instant),
+    /// Too long without a request (`kind`: `header` before the first, `idle` after): close it,
+    /// dropping it at `by` if the client is still there.
+    Close { by: Instant, kind: &'static str },
+}
+
+fn due(state: State, act: &Activity, limits: &ConnectionLimits) -> Due {
+    let now = Instant::now();
+    if let State::Closing { by, .. } = state {
+        // GOAWAY sent or close asked, and the client is still here.
+        return if now >= by { Due::Drop } else { Due::Wait(by) };
+    }
+    match act.idle_deadline(limits) {
+        Some((deadline, kind)) if now >= deadline => Due::Close {
+            by: now + CLOSE_GRACE,
+            kind,
+        },
+        Some((deadline, _)) => Due::Wait(deadline),
+        // A request in flight: look again one idle period later.
+        None => Due::Wait(now + limits.idle_timeout),
+    }
+}
+
+/// A connection ended with an error: hyper's own header timeout is counted unless the
+/// connection was closed for a timeout that was counted already.
+fn ended_with(e: &(dyn std::error::Error + 'static), listener: &'static str, state: State) {
+    let timeout = e
+        .downcast_ref::<hyper::Error>()
+        .is_some_and(hyper::Error::is_timeout);
+    if timeout && !state.timeout_counted() {
+        metrics::counter!(m::CLIENT_TIMEOUTS_TOTAL, "listener" => listener, "kind" => "header")
+            .increment(1);
+    }
+    tracing::debug!("connection ended: {e}");
 }

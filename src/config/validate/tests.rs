@@ -1,3 +1,6 @@
+//! Validation: defaults, every problem listed with its location, ranges reported (never
+//! clamped), the URL and key-hash forms.
+
 use super::super::from_str;
 use super::*;
 
@@ -94,4 +97,93 @@ fn key_hash() {
     let h = format!("sha256:{}", "ab".repeat(32));
     assert_eq!(parse_key_hash(&h).unwrap(), [0xab; 32]);
     assert!(parse_key_hash("sha256:abcd").is_err());
+}
+
+/// Each value validation used to clamp or replace without a word is now a problem, named with
+/// its key path and line.
+#[test]
+fn former_silent_clamps_are_problems_with_locations() {
+    let text = r#"[routing]
+max_attempts = 17
+p2c_above = 1
+[health]
+healthy_threshold = 0
+unhealthy_threshold = 0
+eject_after_failures = 0
+base_ejection = "2m"
+max_ejection = "1m"
+[limits]
+window = "500us"
+[registration]
+ttl = "2h"
+max_ttl = "1h"
+[reload]
+interval = "5ms"
+[[discovery]]
+name = "d"
+kind = "vllm"
+host = "h"
+port = 1
+weight = 0
+"#;
+    let err = from_str(text, "t.toml").unwrap_err().problems();
+    let joined = err.join("\n");
+    for needle in [
+        "t.toml: routing.max_attempts: must be between 1 and 16 (line 2)",
+        "t.toml: routing.p2c_above: must be at least 2 (line 3)",
+        "t.toml: health.healthy_threshold: must be at least 1 (line 5)",
+        "t.toml: health.unhealthy_threshold: must be at least 1 (line 6)",
+        "t.toml: health.eject_after_failures: must be at least 1 (line 7)",
+        "t.toml: health.base_ejection: must not exceed health.max_ejection (1m) (line 8)",
+        "t.toml: limits.window: must be at least 1ms (line 11)",
+        "t.toml: registration.ttl: must not exceed registration.max_ttl (1h) (line 13)",
+        "t.toml: reload.interval: must be at least 10ms (line 16)",
+        "t.toml: discovery[0].weight: must be at least 1 (line 22)",
+    ] {
+        assert!(
+            err.iter().any(|e| e == needle),
+            "missing {needle} in:\n{joined}"
+        );
+    }
+    assert_eq!(err.len(), 10, "{joined}");
+}
+
+/// The edges of those ranges are accepted as written.
+#[test]
+fn range_edges_are_accepted() {
+    let text = "[routing]\nmax_attempts = 16\np2c_above = 2\n[health]\nhealthy_threshold = 1\n\
+                base_ejection = \"1m\"\nmax_ejection = \"1m\"\n[limits]\nwindow = \"1ms\"\n\
+                [registration]\nttl = \"1h\"\n[reload]\ninterval = \"10ms\"\n";
+    let c = from_str(text, "t").unwrap();
+    assert_eq!(c.routing.max_attempts, 16);
+    assert_eq!(c.routing.p2c_above, 2);
+    assert_eq!(c.health.healthy_threshold, 1);
+    assert_eq!(c.health.base_ejection, Duration::from_secs(60));
+    assert_eq!(c.limits.window, Duration::from_millis(1));
+    assert_eq!(c.membership.default_ttl, Duration::from_secs(3600));
+    assert_eq!(c.reload.interval, Duration::from_millis(10));
+}
+
+/// Keys, tenants and `[limits]` go through one limit check.
+#[test]
+fn zero_limits_reported_for_keys_tenants_and_defaults() {
+    let hash = format!("sha256:{}", "ab".repeat(32));
+    let text = format!(
+        "[limits]\ndaily_tokens = 0\n[[keys]]\nname = \"k\"\nhash = \"{hash}\"\nmax_concurrent = 0\n\
+         [[tenants]]\nname = \"t\"\nrequests_per_minute = 0\n"
+    );
+    let err = from_str(&text, "t").unwrap_err().problems();
+    let joined = err.join("\n");
+    for needle in [
+        "limits.daily_tokens: must be at least 1 (or absent) (line 2)",
+        "keys[0].max_concurrent: must be at least 1 (or absent) (line 6)",
+        "tenants[0].requests_per_minute: must be at least 1 (or absent) (line 9)",
+    ] {
+        assert!(joined.contains(needle), "missing {needle} in:\n{joined}");
+    }
+    let ok = from_str(&text.replace(" = 0", " = 5"), "t").unwrap();
+    assert_eq!(ok.keys[0].limits.max_concurrent, Some(5));
+    assert_eq!(ok.keys[0].limit_set(), ok.keys[0].limits);
+    assert_eq!(ok.tenants[0].limits.requests_per_minute, Some(5));
+    assert_eq!(ok.limits.defaults.daily_tokens, Some(5));
 }
