@@ -1,6 +1,6 @@
 //! Validation of a [`FileConfig`] into the runtime [`Config`]: defaults applied, `${ENV}`
 //! expanded, addresses and URLs parsed, ranges and cross-references checked. One file per
-//! section; [`validate`] calls them in file order.
+//! section; [`validate`] calls them one after another and collects what they report.
 //!
 //! Invariants: every problem is collected with its location (`backends[2].url: …`) so one run
 //! of `sluice check` shows them all; a value out of its documented range is a problem, never
