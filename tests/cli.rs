@@ -275,3 +275,25 @@ async fn json_access_log_without_prompts_and_graceful_sigterm() {
     assert!(!all.contains(secret_prompt), "prompt leaked into logs");
     assert!(!all.contains("sk-client-secret"), "key leaked into logs");
 }
+
+#[test]
+fn check_reports_an_out_of_range_value_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("range.toml");
+    std::fs::write(
+        &path,
+        "[server]\nthreads = 2\n[routing]\nmax_attempts = 40\n",
+    )
+    .unwrap();
+    let out = sluice()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("range.toml: routing.max_attempts: must be between 1 and 16 (line 4)"),
+        "{err}"
+    );
+}

@@ -77,7 +77,8 @@ pub struct BackendTlsSection {
 pub struct ReloadSection {
     /// Watch the file (default true).
     pub watch: Option<bool>,
-    /// How often the file (and the TLS files) are checked, e.g. "1s" (the default).
+    /// How often the file (and the TLS files) are checked, e.g. "1s" (the default; at least
+    /// 10ms).
     pub interval: Option<String>,
 }
 
@@ -85,7 +86,7 @@ pub struct ReloadSection {
 #[serde(deny_unknown_fields)]
 pub struct RegistrationSection {
     /// TTL of a registration that names none, e.g. "30s"; a member that stops heartbeating
-    /// leaves the pool when it passes.
+    /// leaves the pool when it passes. At most `max_ttl`.
     pub ttl: Option<String>,
     /// Longest TTL a registration may ask for.
     pub max_ttl: Option<String>,
@@ -190,7 +191,7 @@ pub struct AdminSection {
 #[serde(deny_unknown_fields)]
 pub struct RoutingSection {
     pub policy: Option<String>,
-    /// Attempts per request across backends (failover), including the first.
+    /// Attempts per request across backends (failover), including the first (1 to 16).
     pub max_attempts: Option<u32>,
     /// Total time budget for finding a backend that answers, e.g. "10s".
     pub failover_deadline: Option<String>,
@@ -198,7 +199,8 @@ pub struct RoutingSection {
     pub default_max_tokens: Option<u64>,
     /// Add `x-sluice-backend` to responses, naming the backend that served them.
     pub expose_backend_header: Option<bool>,
-    /// token-aware: above this many eligible backends, power of two choices (default 16).
+    /// token-aware: above this many eligible backends, power of two choices (default 16; at
+    /// least 2).
     pub p2c_above: Option<usize>,
     /// Ask a vLLM or TGI backend's tokenizer for the exact prompt tokens of requests estimated
     /// at this many tokens or more (default 0: never; the estimate is used).
@@ -225,11 +227,13 @@ pub struct TimeoutsSection {
 pub struct HealthSection {
     pub interval: Option<String>,
     pub timeout: Option<String>,
+    /// Probes in a row that mark a backend healthy again / down (each at least 1).
     pub healthy_threshold: Option<u32>,
     pub unhealthy_threshold: Option<u32>,
-    /// Consecutive live-traffic failures that eject a backend at once.
+    /// Consecutive live-traffic failures that eject a backend at once (at least 1).
     pub eject_after_failures: Option<u32>,
-    /// First ejection time; doubles on each repeat, up to `max_ejection`.
+    /// First ejection time; doubles on each repeat, up to `max_ejection` (which it may not
+    /// exceed).
     pub base_ejection: Option<String>,
     pub max_ejection: Option<String>,
     /// After re-admission, ramp a backend's share from 10% to 100% over this time
@@ -305,7 +309,8 @@ pub struct LimitsSection {
     /// When Redis is unreachable: `true` (default) enforces the limits per replica from local
     /// state; `false` refuses requests with 503 until Redis is back.
     pub fail_open: Option<bool>,
-    /// The period the `*_per_minute` limits are counted over (default "60s"; shorter for tests).
+    /// The period the `*_per_minute` limits are counted over (default "60s"; shorter for tests,
+    /// at least 1ms).
     pub window: Option<String>,
     /// Shared mode: how long a concurrency slot outlives a replica that died holding it
     /// (default "5m"; renewed every third of it while the request runs).

@@ -1,16 +1,19 @@
 //! Configuration: the TOML file's serde types ([`file`]), `${ENV}` interpolation ([`env`]),
-//! validation into the runtime [`Config`] ([`validate`]). Watching the file and applying a
-//! changed one is the application's (`app::reload`).
+//! validation ([`validate`], one file per section) into the runtime types ([`runtime`]).
+//! Watching the file and applying a changed one is the application's (`app::reload`).
 //!
 //! Invariants: a file is either accepted whole or rejected with every problem listed with its
-//! location; the runtime `Config` is immutable and shared as `Arc<Config>`; a reload swaps the
-//! whole snapshot atomically, so a request finishes on the snapshot it started with.
+//! location (key path, and the line when it is written in the file, see [`locate`]); the
+//! runtime `Config` is immutable and shared as `Arc<Config>`; a reload swaps the whole
+//! snapshot atomically, so a request finishes on the snapshot it started with.
 
 pub mod env;
 pub mod file;
+pub mod locate;
+pub mod runtime;
 pub mod validate;
 
-pub use validate::{
+pub use runtime::{
     AdminConfig, BackendConfig, BackendKind, BackendTlsConfig, Config, HealthConfig, KeyConfig,
     ModelConfig, PolicyKind, ReloadConfig, RoutingConfig, ServerConfig, Timeouts, TlsConfig,
 };
@@ -56,8 +59,17 @@ pub fn from_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
         ConfigError::Invalid(vec![format!("{origin}: {}", describe_toml_error(text, &e))])
     })?;
     validate::validate(file, &env::ProcessEnv).map_err(|errs| {
-        ConfigError::Invalid(errs.into_iter().map(|e| format!("{origin}: {e}")).collect())
+        ConfigError::Invalid(errs.iter().map(|e| located(text, origin, e)).collect())
     })
+}
+
+/// `origin: problem`, with the line where the problem's key path is written, when it is.
+fn located(text: &str, origin: &str, problem: &str) -> String {
+    let at = problem.split(": ").next().unwrap_or_default();
+    match locate::line_of(text, at) {
+        Some(line) => format!("{origin}: {problem} (line {line})"),
+        None => format!("{origin}: {problem}"),
+    }
 }
 
 fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {

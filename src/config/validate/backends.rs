@@ -1,0 +1,152 @@
+//! `[timeouts]`, `[[models]]` and `[[backends]]`: the static fleet, its model names and the
+//! timeouts towards it.
+
+use std::collections::{HashMap, HashSet};
+use std::str::FromStr;
+
+use http::Uri;
+
+use super::{at_least, duration, secret, Problems};
+use crate::config::env::{expand, Env};
+use crate::config::file::{BackendSection, ModelSection, TimeoutsSection};
+use crate::config::runtime::{BackendConfig, BackendKind, ModelConfig, PolicyKind, Timeouts};
+
+/// A `timeouts` table at `at`; unset entries from `base`.
+pub(super) fn timeouts(
+    p: &mut Problems,
+    at: &str,
+    t: &TimeoutsSection,
+    base: Timeouts,
+) -> Timeouts {
+    Timeouts {
+        connect: duration(p, &format!("{at}.connect"), &t.connect, base.connect),
+        first_byte: duration(
+            p,
+            &format!("{at}.first_byte"),
+            &t.first_byte,
+            base.first_byte,
+        ),
+        response: duration(p, &format!("{at}.response"), &t.response, base.response),
+        idle: duration(p, &format!("{at}.idle"), &t.idle, base.idle),
+    }
+}
+
+/// `[[models]]`: every name and alias used once.
+pub(super) fn models(p: &mut Problems, list: &[ModelSection]) -> Vec<ModelConfig> {
+    let mut models = Vec::new();
+    let mut model_names: HashMap<String, String> = HashMap::new();
+    for (i, m) in list.iter().enumerate() {
+        let at = format!("models[{i}]");
+        if m.name.trim().is_empty() {
+            p.push(format!("{at}.name"), "is empty");
+        }
+        for n in std::iter::once(&m.name).chain(m.aliases.iter()) {
+            if let Some(prev) = model_names.insert(n.clone(), at.clone()) {
+                p.push(&at, format!("name `{n}` is already used by {prev}"));
+            }
+        }
+        let policy = m.policy.as_deref().and_then(|s| {
+            PolicyKind::from_str(s)
+                .map_err(|e| p.push(format!("{at}.policy"), e))
+                .ok()
+        });
+        models.push(ModelConfig {
+            name: m.name.clone(),
+            aliases: m.aliases.clone(),
+            policy,
+        });
+    }
+    models
+}
+
+/// `[[backends]]`: unique names; timeouts default to `base`.
+pub(super) fn backends(
+    p: &mut Problems,
+    list: &[BackendSection],
+    base: Timeouts,
+    env: &dyn Env,
+) -> Vec<BackendConfig> {
+    let mut names = HashSet::new();
+    let mut backends = Vec::new();
+    for (i, b) in list.iter().enumerate() {
+        let at = format!("backends[{i}]");
+        if b.name.trim().is_empty() {
+            p.push(format!("{at}.name"), "is empty");
+        } else if !names.insert(b.name.clone()) {
+            p.push(
+                format!("{at}.name"),
+                format!("`{}` is used by another backend", b.name),
+            );
+        }
+        backends.push(backend(p, &at, b, base, env));
+    }
+    backends
+}
+
+fn backend(
+    p: &mut Problems,
+    at: &str,
+    b: &BackendSection,
+    base: Timeouts,
+    env: &dyn Env,
+) -> BackendConfig {
+    let kind = BackendKind::from_str(&b.kind).unwrap_or_else(|e| {
+        p.push(format!("{at}.kind"), e);
+        BackendKind::OpenAi
+    });
+    let url = match expand(&b.url, env).and_then(|u| parse_backend_url(&u)) {
+        Ok(u) => u,
+        Err(e) => {
+            p.push(format!("{at}.url"), e);
+            Uri::from_static("http://127.0.0.1")
+        }
+    };
+    for client in b.model_names.keys() {
+        if !b.models.is_empty() && !b.models.contains(client) {
+            p.push(
+                format!("{at}.model_names"),
+                format!("`{client}` is not in this backend's models"),
+            );
+        }
+    }
+    let weight = at_least(p, &format!("{at}.weight"), b.weight.map(u64::from), 1, 1);
+    if b.max_concurrent == Some(0) {
+        p.push(format!("{at}.max_concurrent"), "must be at least 1");
+    }
+    if let Some(path) = &b.health_path {
+        if !path.starts_with('/') {
+            p.push(format!("{at}.health_path"), "must start with /");
+        }
+    }
+    BackendConfig {
+        name: b.name.clone(),
+        kind,
+        url,
+        models: b.models.clone(),
+        model_names: b.model_names.clone(),
+        api_key: secret(p, &format!("{at}.api_key"), &b.api_key, env),
+        weight,
+        max_concurrent: b.max_concurrent,
+        health_path: b.health_path.clone(),
+        timeouts: timeouts(p, &format!("{at}.timeouts"), &b.timeouts, base),
+    }
+}
+
+/// Parse a backend base URL: http or https, with a host; a trailing `/` is dropped.
+pub fn parse_backend_url(s: &str) -> Result<Uri, String> {
+    let uri: Uri = s.parse().map_err(|e| format!("`{s}` is not a URL ({e})"))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err(format!("`{s}` must start with http:// or https://")),
+    }
+    if uri.authority().is_none() {
+        return Err(format!("`{s}` has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("`{s}` must not have a query string"));
+    }
+    let trimmed = s.trim_end_matches('/');
+    trimmed
+        .parse()
+        .map_err(|e| format!("`{s}` is not a URL ({e})"))
+}
