@@ -113,7 +113,7 @@ impl Health {
 }
 
 /// Milliseconds since this process started; a cheap monotonic clock for atomics.
-pub fn now_ms() -> u64 {
+pub fn monotonic_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     let epoch = *EPOCH.get_or_init(Instant::now);
     u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -224,12 +224,12 @@ impl BackendState {
 
     /// Whether a request may be sent here now.
     pub fn routable(&self) -> bool {
-        self.health().routable() && self.skip_until_ms.load(Ordering::Relaxed) <= now_ms()
+        self.health().routable() && self.skip_until_ms.load(Ordering::Relaxed) <= monotonic_ms()
     }
 
     /// Honour a backend's `Retry-After`.
     pub fn skip_for(&self, d: Duration) {
-        let until = now_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let until = monotonic_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         self.skip_until_ms.fetch_max(until, Ordering::Relaxed);
     }
 
@@ -251,7 +251,7 @@ impl BackendState {
         t.last_error = Some("busy".into());
         let current = self.health();
         if matches!(current, Health::Healthy | Health::Unknown) {
-            t.last_change_ms = now_ms();
+            t.last_change_ms = monotonic_ms();
             drop(t);
             self.set_health(Health::Overloaded);
         } else {
@@ -268,7 +268,7 @@ impl BackendState {
         if at == 0 || window == 0 {
             return 1.0;
         }
-        let elapsed = now_ms().saturating_sub(at);
+        let elapsed = monotonic_ms().saturating_sub(at);
         if elapsed >= window {
             return 1.0;
         }
@@ -294,9 +294,10 @@ impl BackendState {
                 .saturating_mul(factor)
                 .min(cfg.max_ejection);
             t.ejections = t.ejections.saturating_add(1);
-            t.ejected_until_ms = now_ms() + u64::try_from(base.as_millis()).unwrap_or(u64::MAX);
+            t.ejected_until_ms =
+                monotonic_ms() + u64::try_from(base.as_millis()).unwrap_or(u64::MAX);
             t.probe_ok_streak = 0;
-            t.last_change_ms = now_ms();
+            t.last_change_ms = monotonic_ms();
             let next = if !t.ever_healthy && connect_failure {
                 Health::Starting
             } else {
@@ -607,7 +608,8 @@ mod tests {
     fn slow_start_ramps_from_min_share() {
         let s = BackendState::new();
         assert_eq!(s.slow_start_share(Duration::from_secs(5)), 1.0);
-        s.admitted_at_ms.store(now_ms().max(1), Ordering::Relaxed);
+        s.admitted_at_ms
+            .store(monotonic_ms().max(1), Ordering::Relaxed);
         let share = s.slow_start_share(Duration::from_secs(5));
         assert!((SLOW_START_MIN_SHARE..0.2).contains(&share), "{share}");
         assert_eq!(s.slow_start_share(Duration::ZERO), 1.0);

@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 
 use std::sync::atomic::Ordering;
 
-use super::backend::{now_ms, Health};
+use super::backend::{monotonic_ms, Health};
 use super::{Backend, Fleet};
 use crate::config::{BackendKind, HealthConfig};
 
@@ -107,7 +107,7 @@ async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
             // models are configured.
             let discover = (!backend.models_configured() || backend.kind() == BackendKind::Tgi)
                 && last_discovery.is_none_or(|t| {
-                    now_ms().saturating_sub(t) >= DISCOVERY_EVERY.as_millis() as u64
+                    monotonic_ms().saturating_sub(t) >= DISCOVERY_EVERY.as_millis() as u64
                 });
             let mut outcome = probe(&backend, cfg.timeout, discover).await;
             if let ProbeOutcome::Ok {
@@ -118,7 +118,7 @@ async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
                     let map = backend.discovered_map(models);
                     backend.state.discovered.store(Arc::new(map));
                 }
-                last_discovery = Some(now_ms());
+                last_discovery = Some(monotonic_ms());
             }
             if matches!(outcome, ProbeOutcome::Ok { .. })
                 && backend.kind() == BackendKind::Vllm
@@ -147,7 +147,7 @@ pub fn apply(backend: &Backend, cfg: &HealthConfig, outcome: &ProbeOutcome) {
     let state = &backend.state;
     let current = state.health();
     let mut t = state.track();
-    let now = now_ms();
+    let now = monotonic_ms();
     t.last_probe_ms = now;
     let next = match outcome {
         ProbeOutcome::Ok { .. } => {

@@ -6,7 +6,7 @@
 //! - [`load`]: RAII guards counting in-flight requests and tokens, and pending prefills, per
 //!   backend.
 //! - [`health`]: per-kind active probes, model discovery and passive ejection.
-//! - [`registry`]: the set of backends of one config snapshot, and model resolution.
+//! - [`snapshot`]: the fleet of one config snapshot (its set of backends), and model resolution.
 //! - [`queue`]: the gateway-side wait queue (per-backend caps, fair by tenant, with a deadline).
 //! - [`registration`]: members announced at run time through the admin API, with a TTL.
 //! - [`discovery`]: members found by resolving a DNS name, re-resolved periodically.
@@ -25,11 +25,11 @@ pub mod load;
 pub mod prom;
 pub mod queue;
 pub mod registration;
-pub mod registry;
 pub mod signals;
+pub mod snapshot;
 pub mod speed;
 pub mod tokenize;
 
 pub use backend::{Backend, BackendState, Health};
 pub use load::{Load, LoadGuard};
-pub use registry::{Fleet, Resolved};
+pub use snapshot::{Fleet, Resolved};

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::backend::now_ms;
+use super::backend::monotonic_ms;
 use super::prom::{self, Sample};
 use super::Backend;
 use crate::config::{BackendKind, HealthConfig};
@@ -77,7 +77,7 @@ impl Signals {
     /// Whether the snapshot is recent enough to route on.
     pub fn fresh(&self) -> bool {
         self.at_ms != 0
-            && now_ms().saturating_sub(self.at_ms)
+            && monotonic_ms().saturating_sub(self.at_ms)
                 <= self.interval_ms.max(100).saturating_mul(STALE_INTERVALS)
     }
 
@@ -267,11 +267,11 @@ pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u
                 return;
             };
             let mut s = parse_tgi(&String::from_utf8_lossy(&body));
-            if now_ms().saturating_sub(*last_info_ms) >= INFO_EVERY_MS || *last_info_ms == 0 {
+            if monotonic_ms().saturating_sub(*last_info_ms) >= INFO_EVERY_MS || *last_info_ms == 0 {
                 if let Some((mc, mt)) = get("/info").await.as_deref().and_then(parse_tgi_info) {
                     s.max_concurrent = mc;
                     s.max_total_tokens = mt;
-                    *last_info_ms = now_ms().max(1);
+                    *last_info_ms = monotonic_ms().max(1);
                 }
             }
             s
@@ -292,7 +292,7 @@ pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u
     };
     let prev = backend.state.signals.load();
     let mut next = merge(&prev, next);
-    next.at_ms = now_ms().max(1);
+    next.at_ms = monotonic_ms().max(1);
     next.interval_ms = interval_ms;
     if let Some(t) = next.total {
         backend

@@ -134,7 +134,7 @@ impl Speeds {
         self.service_seconds.observe(total);
         self.samples.fetch_add(1, Ordering::Relaxed);
         self.last_sample_ms
-            .store(super::backend::now_ms().max(1), Ordering::Relaxed);
+            .store(super::backend::monotonic_ms().max(1), Ordering::Relaxed);
         match o.ttft {
             Some(ttft) => {
                 let ttft = ttft.as_secs_f64().max(1e-4);

@@ -372,10 +372,10 @@ mod tests {
         let c = backends(2);
         let r = Router::new();
         r.set_slow_start(Duration::from_secs(60));
-        c[0].0
-            .state
-            .admitted_at_ms
-            .store(crate::fleet::backend::now_ms().max(1), Ordering::Relaxed);
+        c[0].0.state.admitted_at_ms.store(
+            crate::fleet::backend::monotonic_ms().max(1),
+            Ordering::Relaxed,
+        );
         let n = 2000;
         let to_new = (0..n)
             .filter(|_| r.pick(PolicyKind::RoundRobin, &c, &[], INPUT) == Some(0))
@@ -543,7 +543,7 @@ mod tests {
         }
         // the engine's batch, learned: 32 at the home
         c[target].0.state.signals.store(Arc::new(Signals {
-            at_ms: crate::fleet::backend::now_ms().max(1),
+            at_ms: crate::fleet::backend::monotonic_ms().max(1),
             interval_ms: 1000,
             learned_slots: Some(32),
             ..Signals::default()

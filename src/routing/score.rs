@@ -35,7 +35,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::config::BackendKind;
-use crate::fleet::backend::now_ms;
+use crate::fleet::backend::monotonic_ms;
 use crate::fleet::Backend;
 
 /// Prior prefill speed (tokens/s per request) before anything is measured.
@@ -66,7 +66,7 @@ pub struct Request {
     pub output_tokens: u64,
 }
 
-/// Fleet-wide speed averages, used for backends not measured yet.
+/// Speeds assumed for backends not measured yet (see [`Prior::of`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Prior {
     pub prefill_tps: f64,
@@ -78,12 +78,12 @@ impl Prior {
     /// higher. A backend nobody has measured yet is assumed to be as good as the best, so it
     /// gets the first samples that tell the truth instead of starving behind a measured one.
     pub fn of(backends: &[&Backend]) -> Prior {
-        let avg = |f: &dyn Fn(&Backend) -> Option<f64>, default: f64| {
+        let fastest = |f: &dyn Fn(&Backend) -> Option<f64>, default: f64| {
             backends.iter().filter_map(|b| f(b)).fold(default, f64::max)
         };
         Prior {
-            prefill_tps: avg(&|b| b.state.speeds.prefill_tps.get(), PRIOR_PREFILL_TPS),
-            decode_tps: avg(&|b| b.state.speeds.decode_tps.get(), PRIOR_DECODE_TPS),
+            prefill_tps: fastest(&|b| b.state.speeds.prefill_tps.get(), PRIOR_PREFILL_TPS),
+            decode_tps: fastest(&|b| b.state.speeds.decode_tps.get(), PRIOR_DECODE_TPS),
         }
     }
 }
@@ -155,7 +155,7 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     // An idle backend whose measurements are old gets the benefit of the doubt, so one bad
     // stretch cannot starve it of the samples that would correct it.
     let last = st.speeds.last_sample_ms.load(Ordering::Relaxed);
-    if gw_busy < 1.0 && last != 0 && now_ms().saturating_sub(last) > STALE_SPEEDS_MS {
+    if gw_busy < 1.0 && last != 0 && monotonic_ms().saturating_sub(last) > STALE_SPEEDS_MS {
         prefill_tps = prefill_tps.max(prior.prefill_tps);
         decode_tps = decode_tps.max(prior.decode_tps);
     }
@@ -262,7 +262,7 @@ pub fn admin_view(b: &Backend) -> serde_json::Value {
     serde_json::json!({
         "signals": {
             "fresh": sig.fresh(),
-            "age_ms": (sig.at_ms > 0).then(|| crate::fleet::backend::now_ms().saturating_sub(sig.at_ms)),
+            "age_ms": (sig.at_ms > 0).then(|| crate::fleet::backend::monotonic_ms().saturating_sub(sig.at_ms)),
             "running": sig.total.map(|t| t.running),
             "waiting": sig.total.map(|t| t.waiting),
             "kv_cache_usage": sig.total.and_then(|t| t.kv_usage),
@@ -378,7 +378,7 @@ mod tests {
         let b = backend(BackendKind::Vllm, None);
         let quiet = breakdown(&b, "m", REQ, PRIOR);
         let mut sig = Signals {
-            at_ms: crate::fleet::backend::now_ms().max(1),
+            at_ms: crate::fleet::backend::monotonic_ms().max(1),
             interval_ms: 1000,
             learned_slots: Some(4),
             ..Signals::default()
@@ -401,7 +401,7 @@ mod tests {
         let mut old = (**b.state.signals.load()).clone();
         old.at_ms = 1;
         b.state.signals.store(Arc::new(old));
-        if crate::fleet::backend::now_ms() > 10_000 {
+        if crate::fleet::backend::monotonic_ms() > 10_000 {
             assert_eq!(breakdown(&b, "m", REQ, PRIOR).busy, 0.0);
         }
     }
@@ -478,7 +478,7 @@ mod tests {
             };
             let mut sig =
                 crate::fleet::signals::merge(&learned, crate::fleet::signals::parse_tgi(&text));
-            sig.at_ms = crate::fleet::backend::now_ms().max(1);
+            sig.at_ms = crate::fleet::backend::monotonic_ms().max(1);
             sig.interval_ms = 1000;
             b.state.signals.store(Arc::new(sig));
         };
@@ -502,7 +502,7 @@ mod tests {
     fn cold_ollama_pays_a_load_and_weights_divide() {
         let b = backend(BackendKind::Ollama, None);
         b.state.signals.store(Arc::new(Signals {
-            at_ms: crate::fleet::backend::now_ms().max(1),
+            at_ms: crate::fleet::backend::monotonic_ms().max(1),
             interval_ms: 1000,
             loaded: Some(vec!["other:latest".into()]),
             ..Signals::default()
@@ -523,7 +523,7 @@ mod tests {
             kv_usage: Some(0.3),
         };
         let mut sig = Signals {
-            at_ms: crate::fleet::backend::now_ms().max(1),
+            at_ms: crate::fleet::backend::monotonic_ms().max(1),
             interval_ms: 1000,
             // learned when a full KV cache held the batch at 4
             learned_slots: Some(4),

@@ -262,7 +262,7 @@ pub fn summary(gw: &Gateway) -> Value {
             || json!({"tenant": name, "limits": Value::Null, "keys": [], "usage": used}),
         );
     }
-    let now_ms = crate::fleet::backend::now_ms();
+    let now_ms = crate::fleet::backend::monotonic_ms();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "now_ms": now_ms,

@@ -505,7 +505,8 @@ impl Activity {
         }
     }
 
-    fn now_ms(&self) -> u64 {
+    /// Milliseconds since this connection's activity record was made (its own monotonic clock).
+    fn elapsed_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
@@ -528,7 +529,7 @@ impl Activity {
 
     /// Count a request the client cancelled; past the limit, wake the connection's task once.
     fn client_reset(&self, l: &ConnectionLimits) {
-        let now = self.now_ms();
+        let now = self.elapsed_ms();
         let window = u64::try_from(ConnectionLimits::RESET_WINDOW.as_millis()).unwrap_or(10_000);
         let start = self.reset_window_ms.load(Ordering::Acquire);
         let n = if now.saturating_sub(start) >= window {
@@ -574,7 +575,7 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.act
             .last_done_ms
-            .store(self.act.now_ms(), Ordering::Release);
+            .store(self.act.elapsed_ms(), Ordering::Release);
         if self.act.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.act.idle.notify_one();
         }

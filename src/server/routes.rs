@@ -377,7 +377,7 @@ async fn admin_backends(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> R
         return r;
     }
     let rt = gw.runtime();
-    let now = crate::fleet::backend::now_ms();
+    let now = crate::fleet::backend::monotonic_ms();
     let backends: Vec<_> = rt
         .fleet
         .backends
