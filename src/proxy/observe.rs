@@ -142,7 +142,7 @@ impl Drop for Settle {
 /// length and prompt-estimate correction. Only complete answers with a usage report count.
 pub fn learn_hook(
     backend: Arc<Backend>,
-    shapes: Arc<crate::fleet::speed::ModelStats>,
+    shapes: Arc<crate::fleet::speed::ModelShapes>,
     model: String,
     prompt_estimate: u64,
     sent_after: Duration,
