@@ -160,7 +160,7 @@ impl Gateway {
 fn mark_removed_draining(old: &Fleet, new: &Fleet) {
     for b in &old.backends {
         if !new.backends.iter().any(|n| Arc::ptr_eq(&n.state, &b.state)) {
-            b.state.draining.store(true, Ordering::Relaxed);
+            b.state.start_draining();
             tracing::info!(backend = b.name(), "backend left the fleet; draining");
         }
     }

@@ -24,8 +24,6 @@ use rand::Rng;
 use serde::Deserialize;
 use tokio::task::JoinHandle;
 
-use std::sync::atomic::Ordering;
-
 use super::backend::{monotonic_ms, Health};
 use super::{Backend, Fleet};
 use crate::config::{BackendKind, HealthConfig};
@@ -116,7 +114,7 @@ async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
             {
                 if !backend.models_configured() {
                     let map = backend.discovered_map(models);
-                    backend.state.discovered.store(Arc::new(map));
+                    backend.state.set_discovered(map);
                 }
                 last_discovery = Some(monotonic_ms());
             }
@@ -125,10 +123,7 @@ async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
                 && cfg.overload_waiting > 0
             {
                 if let Some(waiting) = scrape_waiting(&backend, cfg.timeout).await {
-                    backend
-                        .state
-                        .engine_waiting
-                        .store(waiting, Ordering::Relaxed);
+                    backend.state.set_engine_waiting(waiting);
                     if waiting >= cfg.overload_waiting {
                         outcome = ProbeOutcome::Busy(waiting);
                     }
@@ -157,9 +152,7 @@ pub fn apply(backend: &Backend, cfg: &HealthConfig, outcome: &ProbeOutcome) {
                 Health::Healthy | Health::Draining => current,
                 Health::Unknown => Health::Healthy,
                 Health::Ejected if now < t.ejected_until_ms => Health::Ejected,
-                Health::Overloaded if now < state.skip_until_ms.load(Ordering::Relaxed) => {
-                    Health::Overloaded
-                }
+                Health::Overloaded if now < state.skip_until_ms() => Health::Overloaded,
                 _ if t.probe_ok_streak >= cfg.healthy_threshold => Health::Healthy,
                 _ => current,
             }
@@ -195,7 +188,7 @@ pub fn apply(backend: &Backend, cfg: &HealthConfig, outcome: &ProbeOutcome) {
         if matches!(current, Health::Ejected | Health::Down | Health::Loading)
             || (current == Health::Starting && t.ejections > 0)
         {
-            state.admitted_at_ms.store(now.max(1), Ordering::Relaxed);
+            state.record_admission(now);
         }
     }
     if next != current {
@@ -302,10 +295,7 @@ async fn probe_inner(backend: &Backend, discover: bool) -> ProbeOutcome {
     };
     if backend.kind() == BackendKind::Tgi {
         if let Some(n) = parse_tgi_limit(&body) {
-            backend
-                .state
-                .learned_max_concurrent
-                .store(n, Ordering::Relaxed);
+            backend.state.set_learned_max_concurrent(n);
         }
     }
     match parse_models(backend.kind(), models_path, &body) {

@@ -14,9 +14,12 @@
 //! - [`signals`]: engine load signals per kind (vLLM/TGI metrics, Ollama loaded models).
 //! - [`speed`]: measured EWMAs per backend (TTFT, prefill and decode speed) and per model.
 //! - [`tokenize`]: exact prompt token counts from a vLLM or TGI backend's tokenizer.
+//! - [`view`]: [`BackendView`], one serialisable snapshot of a backend for the operations
+//!   surfaces (`/admin/backends`, the dashboard, the per-backend gauges).
 //!
 //! Invariants: a backend's state outlives config reloads as long as its name, kind and URL stay
-//! the same; load counters are only changed through guards, so every exit path releases them.
+//! the same; load counters are only changed through guards, so every exit path releases them
+//! (the compiler holds this: [`BackendState`]'s fields are private).
 
 pub mod backend;
 pub mod discovery;
@@ -29,7 +32,9 @@ pub mod signals;
 pub mod snapshot;
 pub mod speed;
 pub mod tokenize;
+pub mod view;
 
 pub use backend::{Backend, BackendState, Health};
 pub use load::{Load, LoadGuard};
 pub use snapshot::{Fleet, Resolved};
+pub use view::BackendView;

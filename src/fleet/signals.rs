@@ -19,7 +19,6 @@
 //! probe client and parsed tolerantly by [`super::prom`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -290,18 +289,15 @@ pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u
         }
         BackendKind::OpenAi => return,
     };
-    let prev = backend.state.signals.load();
+    let prev = backend.state.signals();
     let mut next = merge(&prev, next);
     next.at_ms = monotonic_ms().max(1);
     next.interval_ms = interval_ms;
     if let Some(t) = next.total {
-        backend
-            .state
-            .engine_waiting
-            .store(t.waiting.max(0.0) as u64, Ordering::Relaxed);
+        backend.state.set_engine_waiting(t.waiting.max(0.0) as u64);
     }
     crate::telemetry::metrics::backend_signals(backend.name(), &next);
-    backend.state.signals.store(Arc::new(next));
+    backend.state.set_signals(next);
 }
 
 /// The signals loop of one backend: runs beside its health probe, forever.

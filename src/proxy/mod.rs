@@ -247,10 +247,7 @@ async fn proxy(
         // A non-streamed answer (or an error body) must be complete within `timeouts.response`
         // of the send, so a backend trickling bytes just faster than `idle` cannot hold it.
         let body_deadline = tokio::time::Instant::now() + timeouts.response;
-        backend
-            .state
-            .requests_total
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        backend.state.count_request();
 
         let resp = match forward::send(
             backend,

@@ -158,12 +158,8 @@ pub fn learn_hook(
             u.prompt_tokens,
             u.completion_tokens,
         );
-        let busy = backend
-            .state
-            .inflight_requests
-            .load(std::sync::atomic::Ordering::Relaxed) as f64
-            + 1.0; // this request's guard is already released
-        backend.state.speeds.observe(
+        let busy = backend.state.inflight_requests() as f64 + 1.0; // this request's guard is already released
+        backend.state.speeds().observe(
             &crate::fleet::speed::Observation {
                 prompt_tokens: u.prompt_tokens,
                 completion_tokens: u.completion_tokens,
@@ -173,7 +169,7 @@ pub fn learn_hook(
             },
             busy,
         );
-        m::backend_speeds(backend.name(), &backend.state.speeds);
+        m::backend_speeds(backend.name(), backend.state.speeds());
     })
 }
 

@@ -216,7 +216,7 @@ fn token_aware(
 }
 
 fn load_of(b: &Backend) -> f64 {
-    b.state.inflight_requests.load(Ordering::Relaxed) as f64
+    b.state.inflight_requests() as f64
 }
 
 /// Index of the smallest score; ties go to the earliest, rotated by a cheap per-call offset so
@@ -389,10 +389,9 @@ mod tests {
         let c = backends(2);
         let r = Router::new();
         let slow = snapshot(Duration::from_secs(60), 16);
-        c[0].0.state.admitted_at_ms.store(
-            crate::fleet::backend::monotonic_ms().max(1),
-            Ordering::Relaxed,
-        );
+        c[0].0
+            .state
+            .record_admission(crate::fleet::backend::monotonic_ms());
         let n = 2000;
         let to_new = (0..n)
             .filter(|_| r.pick(&slow, PolicyKind::RoundRobin, &c, &[], INPUT) == Some(0))
@@ -410,10 +409,9 @@ mod tests {
     #[test]
     fn each_pick_reads_slow_start_from_the_snapshot_it_is_given() {
         let c = backends(2);
-        c[0].0.state.admitted_at_ms.store(
-            crate::fleet::backend::monotonic_ms().max(1),
-            Ordering::Relaxed,
-        );
+        c[0].0
+            .state
+            .record_admission(crate::fleet::backend::monotonic_ms());
         let r = Router::new();
         let slow = snapshot(Duration::from_secs(60), 16);
         let share = |cfg: &Config| {
@@ -548,7 +546,7 @@ mod tests {
     fn measure(b: &Backend, prefill_tps: f64, decode_tps: f64) {
         for _ in 0..10 {
             let ttft = 1000.0 / prefill_tps;
-            b.state.speeds.observe(
+            b.state.speeds().observe(
                 &crate::fleet::speed::Observation {
                     prompt_tokens: 1000,
                     completion_tokens: 101,
@@ -617,12 +615,12 @@ mod tests {
             *b = Arc::new(Backend::new(cfg, b.state.clone()));
         }
         // the engine's batch, learned: 32 at the home
-        c[target].0.state.signals.store(Arc::new(Signals {
+        c[target].0.state.set_signals(Signals {
             at_ms: crate::fleet::backend::monotonic_ms().max(1),
             interval_ms: 1000,
             learned_slots: Some(32),
             ..Signals::default()
-        }));
+        });
         let r = Router::new();
         let input = shared_prompt(prefix);
         let mut others: Vec<_> = Vec::new();

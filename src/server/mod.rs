@@ -30,6 +30,7 @@
 //!
 //! The limits are read when the listener starts; a reload does not change them.
 
+pub mod admin_auth;
 pub mod admission;
 pub mod dashboard;
 pub mod guard;
