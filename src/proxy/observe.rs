@@ -158,7 +158,8 @@ pub fn learn_hook(
             u.prompt_tokens,
             u.completion_tokens,
         );
-        let busy = backend.state.inflight_requests() as f64 + 1.0; // this request's guard is already released
+        // this request's guard is already released
+        let busy = backend.state.inflight_requests() as f64 + 1.0;
         backend.state.speeds().observe(
             &crate::fleet::speed::Observation {
                 prompt_tokens: u.prompt_tokens,

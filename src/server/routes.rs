@@ -6,8 +6,9 @@
 //! `/healthz` and `/readyz` are served only there. Unknown paths get an OpenAI-shaped 404, a
 //! wrong method a 405.
 //!
-//! Invariants: operations endpoints need the admin token when one is configured, and are
-//! refused outright (403) when they share a non-loopback client listener with no token at all;
+//! Invariants: every operations handler takes [`AdminAuth`] (see [`super::admin_auth`]), so
+//! operations need the admin token when one is configured, and are refused outright (403) when
+//! they share a non-loopback client listener with no token at all;
 //! CORS is off unless `server.cors_allow_origins` is set (then only the client API answers
 //! preflights and carries `Access-Control-*` headers, for the listed origins only; read from
 //! the live config, so a reload applies).
