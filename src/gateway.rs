@@ -80,8 +80,6 @@ impl Gateway {
             discovered: Discovered::default(),
             rebuild_lock: Mutex::new(()),
         });
-        gw.router
-            .set_slow_start(gw.runtime().config.health.slow_start);
         spawn_membership(Arc::downgrade(&gw));
         gw
     }
@@ -101,7 +99,6 @@ impl Gateway {
         self.discovered.retain(&config.membership.discovery);
         let fleet = Fleet::build_with(&config, &self.members(&config), Some(&old.fleet));
         mark_removed_draining(&old.fleet, &fleet);
-        self.router.set_slow_start(config.health.slow_start);
         self.limits.reconfigure(&config);
         let next = Runtime {
             keys: Arc::new(KeyStore::new(&config)),
@@ -163,7 +160,7 @@ impl Gateway {
 fn mark_removed_draining(old: &Fleet, new: &Fleet) {
     for b in &old.backends {
         if !new.backends.iter().any(|n| Arc::ptr_eq(&n.state, &b.state)) {
-            b.state.draining.store(true, Ordering::Relaxed);
+            b.state.start_draining();
             tracing::info!(backend = b.name(), "backend left the fleet; draining");
         }
     }

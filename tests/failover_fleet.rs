@@ -79,7 +79,7 @@ fn attempts(g: &TestGateway, name: &str) -> u64 {
     g.gw.runtime()
         .fleet
         .get(name)
-        .map(|b| b.state.requests_total.load(Ordering::Relaxed))
+        .map(|b| b.state.requests_total())
         .unwrap_or(0)
 }
 

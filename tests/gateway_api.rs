@@ -337,10 +337,7 @@ async fn client_disconnect_mid_stream_cancels_upstream() {
     // The gateway's own count is released too.
     let gw = g.gw.clone();
     eventually(Duration::from_secs(2), "in-flight released", move || {
-        let n = gw.runtime().fleet.backends[0]
-            .state
-            .inflight_requests
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let n = gw.runtime().fleet.backends[0].state.inflight_requests();
         async move { n == 0 }
     })
     .await;

@@ -12,7 +12,6 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -272,7 +271,7 @@ fn failures(g: &TestGateway, name: &str) -> u64 {
     let rt = g.gw.runtime();
     rt.fleet
         .get(name)
-        .map(|b| b.state.failures_total.load(Ordering::Relaxed))
+        .map(|b| b.state.failures_total())
         .unwrap_or(0)
 }
 
@@ -478,7 +477,7 @@ async fn garbage_backend_fails_over_and_is_ejected() {
     g.wait_state("bad", "ejected", Duration::from_secs(5)).await;
     let rt = g.gw.runtime();
     let bad = rt.fleet.get("bad").unwrap();
-    assert_eq!(bad.state.failures_total.load(Ordering::Relaxed), 2);
+    assert_eq!(bad.state.failures_total(), 2);
     assert!(bad.state.track().ejections >= 1);
     g.stop().await;
 }

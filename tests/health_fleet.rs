@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -14,7 +13,7 @@ fn attempts(g: &TestGateway, name: &str) -> u64 {
     g.gw.runtime()
         .fleet
         .get(name)
-        .map(|b| b.state.requests_total.load(Ordering::Relaxed))
+        .map(|b| b.state.requests_total())
         .unwrap_or(0)
 }
 
@@ -68,8 +67,7 @@ async fn stream_cut_midway_ends_with_an_openai_error_event_then_done() {
             .get("a")
             .unwrap()
             .state
-            .failures_total
-            .load(Ordering::Relaxed);
+            .failures_total();
     assert_eq!(failures, 1);
 }
 
@@ -214,7 +212,7 @@ async fn concurrency_cap_queues_then_times_out_with_retry_after() {
     let mut queued_seen = 0;
     let t = Instant::now();
     while !tasks.iter().all(|t| t.is_finished()) && t.elapsed() < Duration::from_secs(10) {
-        max_seen = max_seen.max(b.state.inflight_requests.load(Ordering::Relaxed));
+        max_seen = max_seen.max(b.state.inflight_requests());
         queued_seen = queued_seen.max(g.gw.queue.len());
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -240,7 +238,7 @@ async fn concurrency_cap_queues_then_times_out_with_retry_after() {
         })
     };
     eventually(Duration::from_secs(2), "slot taken", || {
-        let n = b.state.inflight_requests.load(Ordering::Relaxed);
+        let n = b.state.inflight_requests();
         async move { n == 1 }
     })
     .await;
@@ -404,7 +402,7 @@ async fn deregistration_drains_in_flight_streams_complete() {
     let events = sse_data(&text);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
     assert!(!text.contains("\"error\""), "{text}");
-    assert_eq!(state.inflight_requests.load(Ordering::Relaxed), 0);
+    assert_eq!(state.inflight_requests(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

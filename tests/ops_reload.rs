@@ -115,8 +115,7 @@ async fn file_change_adds_removes_drains_and_rejects_bad_files() {
             .get("b")
             .unwrap()
             .state
-            .requests_total
-            .load(std::sync::atomic::Ordering::Relaxed);
+            .requests_total();
     let rejected = reloads("rejected");
     write_atomically(&path, "[[backends]]\nname = \"b\"\nkind = \"warp-drive\"\n");
     eventually(Duration::from_secs(5), "bad file rejected", || async move {
@@ -149,8 +148,7 @@ async fn file_change_adds_removes_drains_and_rejects_bad_files() {
             .get("b")
             .unwrap()
             .state
-            .requests_total
-            .load(std::sync::atomic::Ordering::Relaxed);
+            .requests_total();
     assert!(
         served_after > served_before,
         "counters reset by reload: {served_before} -> {served_after}"

@@ -109,7 +109,7 @@ async fn a_warm_ollama_node_is_preferred_over_a_cold_one() {
             .fleet
             .backends
             .iter()
-            .all(|b| b.state.signals.load().loaded.is_some())
+            .all(|b| b.state.signals().loaded.is_some())
     })
     .await;
     let body = chat_body("llama3.2", false, 5);
@@ -288,13 +288,9 @@ async fn cached_prompt_tokens_reach_the_client_unchanged() {
 
 /// The gateway's pending prefill at one backend: (requests, prompt tokens).
 fn pending_prefill(gw: &TestGateway) -> (u64, u64) {
-    use std::sync::atomic::Ordering::Relaxed;
     let rt = gw.gw.runtime();
     let s = &rt.fleet.backends[0].state;
-    (
-        s.pending_prefill_requests.load(Relaxed),
-        s.pending_prefill_tokens.load(Relaxed),
-    )
+    (s.pending_prefill_requests(), s.pending_prefill_tokens())
 }
 
 /// Whether an SSE body so far holds a chunk with text in `content`.
@@ -310,10 +306,7 @@ fn has_text(sse: &str) -> bool {
 
 fn inflight_requests(gw: &TestGateway) -> u64 {
     let rt = gw.gw.runtime();
-    rt.fleet.backends[0]
-        .state
-        .inflight_requests
-        .load(std::sync::atomic::Ordering::Relaxed)
+    rt.fleet.backends[0].state.inflight_requests()
 }
 
 /// A request sent to a backend counts as pending prefill (its estimated prompt tokens) until

@@ -14,6 +14,9 @@ use bytes::Bytes;
 use http::{header, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 
+use super::load::LoadCounters;
+use super::signals::Signals;
+use super::speed::Speeds;
 use crate::config::{BackendConfig, BackendKind, HealthConfig};
 use crate::upstream::{BackendTls, Pools, Target};
 pub use crate::upstream::{HttpClient, HttpsConnector};
@@ -107,7 +110,7 @@ impl Health {
 }
 
 /// Milliseconds since this process started; a cheap monotonic clock for atomics.
-pub fn now_ms() -> u64 {
+pub fn monotonic_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     let epoch = *EPOCH.get_or_init(Instant::now);
     u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -143,34 +146,34 @@ pub fn busy_backoff(streak: u32) -> Duration {
 pub const SLOW_START_MIN_SHARE: f64 = 0.1;
 
 /// Live state of one backend.
+///
+/// Every field is private: the load counters change only through [`super::LoadGuard`], the
+/// rest only through the named methods below (`record_*`, `set_*`, `count_request`, ...).
+/// Readers use the accessors, or [`super::view::BackendView`] for one snapshot of all of it.
 #[derive(Debug)]
 pub struct BackendState {
     health: AtomicU8,
-    pub track: Mutex<Track>,
-    pub inflight_requests: AtomicU64,
-    pub inflight_tokens: AtomicU64,
-    /// Requests sent here whose first token has not come yet, and their estimated prompt
-    /// tokens: the prefill work queued ahead of a new request (see [`super::LoadGuard`]).
-    pub pending_prefill_requests: AtomicU64,
-    pub pending_prefill_tokens: AtomicU64,
+    track: Mutex<Track>,
+    /// Requests and tokens in flight here, and pending prefills (see [`super::load`]).
+    load: LoadCounters,
     /// A backend's `Retry-After`: not routed to before this time (ms since process start).
-    pub skip_until_ms: AtomicU64,
-    pub draining: AtomicBool,
+    skip_until_ms: AtomicU64,
+    draining: AtomicBool,
     /// Models discovered from the backend's own list (empty until the first probe answers).
-    pub discovered: ArcSwap<ModelMap>,
-    pub requests_total: AtomicU64,
-    pub failures_total: AtomicU64,
+    discovered: ArcSwap<ModelMap>,
+    requests_total: AtomicU64,
+    failures_total: AtomicU64,
     /// When the backend was last re-admitted (ms since process start; 0 = never): its share of
     /// traffic ramps up from then over `health.slow_start`.
-    pub admitted_at_ms: AtomicU64,
+    admitted_at_ms: AtomicU64,
     /// Concurrency limit the engine announced (TGI `/info` `max_concurrent_requests`; 0 = none).
-    pub learned_max_concurrent: AtomicU64,
+    learned_max_concurrent: AtomicU64,
     /// Requests waiting inside the engine (vLLM `vllm:num_requests_waiting`), from the probe.
-    pub engine_waiting: AtomicU64,
+    engine_waiting: AtomicU64,
     /// The engine's own load report, refreshed by the signals loop (see [`super::signals`]).
-    pub signals: ArcSwap<super::signals::Signals>,
+    signals: ArcSwap<Signals>,
     /// Measured speeds (EWMAs), fed when requests settle (see [`super::speed`]).
-    pub speeds: super::speed::Speeds,
+    speeds: Speeds,
 }
 
 impl Default for BackendState {
@@ -184,10 +187,7 @@ impl BackendState {
         BackendState {
             health: AtomicU8::new(Health::Unknown as u8),
             track: Mutex::new(Track::default()),
-            inflight_requests: AtomicU64::new(0),
-            inflight_tokens: AtomicU64::new(0),
-            pending_prefill_requests: AtomicU64::new(0),
-            pending_prefill_tokens: AtomicU64::new(0),
+            load: LoadCounters::default(),
             skip_until_ms: AtomicU64::new(0),
             draining: AtomicBool::new(false),
             discovered: ArcSwap::from_pointee(ModelMap::new()),
@@ -196,13 +196,114 @@ impl BackendState {
             admitted_at_ms: AtomicU64::new(0),
             learned_max_concurrent: AtomicU64::new(0),
             engine_waiting: AtomicU64::new(0),
-            signals: ArcSwap::from_pointee(super::signals::Signals::default()),
-            speeds: super::speed::Speeds::default(),
+            signals: ArcSwap::from_pointee(Signals::default()),
+            speeds: Speeds::default(),
         }
     }
 
+    /// The load counters, for [`super::LoadGuard`], the only code that changes them.
+    pub(super) fn counters(&self) -> &LoadCounters {
+        &self.load
+    }
+
+    /// Requests Sluice has in flight here.
+    pub fn inflight_requests(&self) -> u64 {
+        self.load.requests()
+    }
+
+    /// Tokens (prompt still to prefill plus output still expected) of the requests in flight.
+    pub fn inflight_tokens(&self) -> u64 {
+        self.load.tokens()
+    }
+
+    /// Requests sent here whose first token has not come yet: the prefill work queued ahead
+    /// of a new request.
+    pub fn pending_prefill_requests(&self) -> u64 {
+        self.load.pending_prefill_requests()
+    }
+
+    /// The estimated prompt tokens of [`Self::pending_prefill_requests`].
+    pub fn pending_prefill_tokens(&self) -> u64 {
+        self.load.pending_prefill_tokens()
+    }
+
+    /// Requests sent here since the process started (attempts, failovers included).
+    pub fn requests_total(&self) -> u64 {
+        self.requests_total.load(Ordering::Relaxed)
+    }
+
+    /// One request is being sent here.
+    pub fn count_request(&self) {
+        self.requests_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Live-traffic failures here since the process started.
+    pub fn failures_total(&self) -> u64 {
+        self.failures_total.load(Ordering::Relaxed)
+    }
+
+    /// Not routed to before this time (ms since process start, see [`monotonic_ms`]).
+    pub fn skip_until_ms(&self) -> u64 {
+        self.skip_until_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// The backend left the fleet: no new requests, in-flight ones finish.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Models discovered from the backend's own list (empty until the first probe answers).
+    pub fn discovered(&self) -> arc_swap::Guard<Arc<ModelMap>> {
+        self.discovered.load()
+    }
+
+    pub fn set_discovered(&self, models: ModelMap) {
+        self.discovered.store(Arc::new(models));
+    }
+
+    /// The backend was re-admitted at `at_ms` (ms since process start): slow start begins.
+    pub fn record_admission(&self, at_ms: u64) {
+        self.admitted_at_ms.store(at_ms.max(1), Ordering::Relaxed);
+    }
+
+    /// Concurrency limit the engine announced (0: none).
+    pub fn learned_max_concurrent(&self) -> u64 {
+        self.learned_max_concurrent.load(Ordering::Relaxed)
+    }
+
+    pub fn set_learned_max_concurrent(&self, n: u64) {
+        self.learned_max_concurrent.store(n, Ordering::Relaxed);
+    }
+
+    /// Requests waiting inside the engine, as it last reported them.
+    pub fn engine_waiting(&self) -> u64 {
+        self.engine_waiting.load(Ordering::Relaxed)
+    }
+
+    pub fn set_engine_waiting(&self, n: u64) {
+        self.engine_waiting.store(n, Ordering::Relaxed);
+    }
+
+    /// The engine's own load report (see [`super::signals`]).
+    pub fn signals(&self) -> arc_swap::Guard<Arc<Signals>> {
+        self.signals.load()
+    }
+
+    pub fn set_signals(&self, signals: Signals) {
+        self.signals.store(Arc::new(signals));
+    }
+
+    /// Measured speeds (EWMAs); they change only through [`Speeds::observe`].
+    pub fn speeds(&self) -> &Speeds {
+        &self.speeds
+    }
+
     pub fn health(&self) -> Health {
-        if self.draining.load(Ordering::Relaxed) {
+        if self.is_draining() {
             return Health::Draining;
         }
         Health::from_u8(self.health.load(Ordering::Relaxed))
@@ -218,12 +319,12 @@ impl BackendState {
 
     /// Whether a request may be sent here now.
     pub fn routable(&self) -> bool {
-        self.health().routable() && self.skip_until_ms.load(Ordering::Relaxed) <= now_ms()
+        self.health().routable() && self.skip_until_ms() <= monotonic_ms()
     }
 
     /// Honour a backend's `Retry-After`.
     pub fn skip_for(&self, d: Duration) {
-        let until = now_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let until = monotonic_ms().saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         self.skip_until_ms.fetch_max(until, Ordering::Relaxed);
     }
 
@@ -245,7 +346,7 @@ impl BackendState {
         t.last_error = Some("busy".into());
         let current = self.health();
         if matches!(current, Health::Healthy | Health::Unknown) {
-            t.last_change_ms = now_ms();
+            t.last_change_ms = monotonic_ms();
             drop(t);
             self.set_health(Health::Overloaded);
         } else {
@@ -262,7 +363,7 @@ impl BackendState {
         if at == 0 || window == 0 {
             return 1.0;
         }
-        let elapsed = now_ms().saturating_sub(at);
+        let elapsed = monotonic_ms().saturating_sub(at);
         if elapsed >= window {
             return 1.0;
         }
@@ -288,9 +389,10 @@ impl BackendState {
                 .saturating_mul(factor)
                 .min(cfg.max_ejection);
             t.ejections = t.ejections.saturating_add(1);
-            t.ejected_until_ms = now_ms() + u64::try_from(base.as_millis()).unwrap_or(u64::MAX);
+            t.ejected_until_ms =
+                monotonic_ms() + u64::try_from(base.as_millis()).unwrap_or(u64::MAX);
             t.probe_ok_streak = 0;
-            t.last_change_ms = now_ms();
+            t.last_change_ms = monotonic_ms();
             let next = if !t.ever_healthy && connect_failure {
                 Health::Starting
             } else {
@@ -402,7 +504,7 @@ impl Backend {
         if let Some(c) = self.config.max_concurrent {
             return Some(u64::from(c));
         }
-        match self.state.learned_max_concurrent.load(Ordering::Relaxed) {
+        match self.state.learned_max_concurrent() {
             0 => None,
             n => Some(n),
         }
@@ -411,7 +513,7 @@ impl Backend {
     /// Whether the backend has a free slot under its cap.
     pub fn has_slot(&self) -> bool {
         self.cap()
-            .is_none_or(|c| self.state.inflight_requests.load(Ordering::Relaxed) < c)
+            .is_none_or(|c| self.state.inflight_requests() < c)
     }
 
     /// The backend's name for a client model, if it serves it.
@@ -419,7 +521,7 @@ impl Backend {
         if !self.configured.is_empty() {
             return self.configured.get(model).cloned();
         }
-        self.state.discovered.load().get(model).cloned()
+        self.state.discovered().get(model).cloned()
     }
 
     /// Client-facing model names this backend serves now.
@@ -429,7 +531,7 @@ impl Backend {
             v.sort();
             return v;
         }
-        let d = self.state.discovered.load();
+        let d = self.state.discovered();
         let mut v: Vec<String> = d.keys().cloned().collect();
         v.sort();
         v
@@ -550,7 +652,7 @@ mod tests {
             &[("llama-3.1-8b", "llama3.1:8b")],
         );
         let map = b.discovered_map(&["llama3.1:8b".into(), "qwen:latest".into()]);
-        b.state.discovered.store(Arc::new(map));
+        b.state.set_discovered(map);
         assert_eq!(b.serves("llama-3.1-8b").as_deref(), Some("llama3.1:8b"));
         assert_eq!(b.serves("qwen").as_deref(), Some("qwen:latest"));
         assert_eq!(b.serves("qwen:latest").as_deref(), Some("qwen:latest"));
@@ -583,9 +685,9 @@ mod tests {
         s.record_busy(None);
         assert_eq!(s.health(), Health::Overloaded);
         assert!(!s.routable());
-        let first = s.skip_until_ms.load(Ordering::Relaxed);
+        let first = s.skip_until_ms();
         s.record_busy(None);
-        assert!(s.skip_until_ms.load(Ordering::Relaxed) >= first);
+        assert!(s.skip_until_ms() >= first);
         assert_eq!(s.track().busy_streak, 2);
         assert_eq!(busy_backoff(1), Duration::from_millis(500));
         assert_eq!(busy_backoff(30), Duration::from_millis(8000));
@@ -597,7 +699,7 @@ mod tests {
     fn slow_start_ramps_from_min_share() {
         let s = BackendState::new();
         assert_eq!(s.slow_start_share(Duration::from_secs(5)), 1.0);
-        s.admitted_at_ms.store(now_ms().max(1), Ordering::Relaxed);
+        s.record_admission(monotonic_ms());
         let share = s.slow_start_share(Duration::from_secs(5));
         assert!((SLOW_START_MIN_SHARE..0.2).contains(&share), "{share}");
         assert_eq!(s.slow_start_share(Duration::ZERO), 1.0);

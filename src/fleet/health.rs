@@ -24,9 +24,7 @@ use rand::Rng;
 use serde::Deserialize;
 use tokio::task::JoinHandle;
 
-use std::sync::atomic::Ordering;
-
-use super::backend::{now_ms, Health};
+use super::backend::{monotonic_ms, Health};
 use super::{Backend, Fleet};
 use crate::config::{BackendKind, HealthConfig};
 
@@ -107,7 +105,7 @@ async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
             // models are configured.
             let discover = (!backend.models_configured() || backend.kind() == BackendKind::Tgi)
                 && last_discovery.is_none_or(|t| {
-                    now_ms().saturating_sub(t) >= DISCOVERY_EVERY.as_millis() as u64
+                    monotonic_ms().saturating_sub(t) >= DISCOVERY_EVERY.as_millis() as u64
                 });
             let mut outcome = probe(&backend, cfg.timeout, discover).await;
             if let ProbeOutcome::Ok {
@@ -116,19 +114,16 @@ async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
             {
                 if !backend.models_configured() {
                     let map = backend.discovered_map(models);
-                    backend.state.discovered.store(Arc::new(map));
+                    backend.state.set_discovered(map);
                 }
-                last_discovery = Some(now_ms());
+                last_discovery = Some(monotonic_ms());
             }
             if matches!(outcome, ProbeOutcome::Ok { .. })
                 && backend.kind() == BackendKind::Vllm
                 && cfg.overload_waiting > 0
             {
                 if let Some(waiting) = scrape_waiting(&backend, cfg.timeout).await {
-                    backend
-                        .state
-                        .engine_waiting
-                        .store(waiting, Ordering::Relaxed);
+                    backend.state.set_engine_waiting(waiting);
                     if waiting >= cfg.overload_waiting {
                         outcome = ProbeOutcome::Busy(waiting);
                     }
@@ -147,7 +142,7 @@ pub fn apply(backend: &Backend, cfg: &HealthConfig, outcome: &ProbeOutcome) {
     let state = &backend.state;
     let current = state.health();
     let mut t = state.track();
-    let now = now_ms();
+    let now = monotonic_ms();
     t.last_probe_ms = now;
     let next = match outcome {
         ProbeOutcome::Ok { .. } => {
@@ -157,9 +152,7 @@ pub fn apply(backend: &Backend, cfg: &HealthConfig, outcome: &ProbeOutcome) {
                 Health::Healthy | Health::Draining => current,
                 Health::Unknown => Health::Healthy,
                 Health::Ejected if now < t.ejected_until_ms => Health::Ejected,
-                Health::Overloaded if now < state.skip_until_ms.load(Ordering::Relaxed) => {
-                    Health::Overloaded
-                }
+                Health::Overloaded if now < state.skip_until_ms() => Health::Overloaded,
                 _ if t.probe_ok_streak >= cfg.healthy_threshold => Health::Healthy,
                 _ => current,
             }
@@ -195,7 +188,7 @@ pub fn apply(backend: &Backend, cfg: &HealthConfig, outcome: &ProbeOutcome) {
         if matches!(current, Health::Ejected | Health::Down | Health::Loading)
             || (current == Health::Starting && t.ejections > 0)
         {
-            state.admitted_at_ms.store(now.max(1), Ordering::Relaxed);
+            state.record_admission(now);
         }
     }
     if next != current {
@@ -302,10 +295,7 @@ async fn probe_inner(backend: &Backend, discover: bool) -> ProbeOutcome {
     };
     if backend.kind() == BackendKind::Tgi {
         if let Some(n) = parse_tgi_limit(&body) {
-            backend
-                .state
-                .learned_max_concurrent
-                .store(n, Ordering::Relaxed);
+            backend.state.set_learned_max_concurrent(n);
         }
     }
     match parse_models(backend.kind(), models_path, &body) {

@@ -10,11 +10,12 @@
 //! the gateway's [`WaitQueue`]: dropping it then hands the freed slot to the next waiting
 //! request.
 //!
-//! Invariant: under a concurrency cap, a guard exists only if it took a slot with
+//! Invariant: the counters ([`LoadCounters`]) change only here, through a guard; their fields
+//! are private to this module. Under a concurrency cap, a guard exists only if it took a slot with
 //! [`LoadGuard::claim`], which checks and increments the request count in one atomic step, so
 //! concurrent requests can never together exceed the cap.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::queue::WaitQueue;
@@ -45,6 +46,35 @@ impl From<u64> for Load {
     }
 }
 
+/// One backend's load counters: read through [`BackendState`]'s accessors, changed only by a
+/// [`LoadGuard`].
+#[derive(Debug, Default)]
+pub(super) struct LoadCounters {
+    requests: AtomicU64,
+    tokens: AtomicU64,
+    /// Requests without a first token yet, and their estimated prompt tokens.
+    prefill_requests: AtomicU64,
+    prefill_tokens: AtomicU64,
+}
+
+impl LoadCounters {
+    pub(super) fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn tokens(&self) -> u64 {
+        self.tokens.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn pending_prefill_requests(&self) -> u64 {
+        self.prefill_requests.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn pending_prefill_tokens(&self) -> u64 {
+        self.prefill_tokens.load(Ordering::Relaxed)
+    }
+}
+
 /// Holds one request's share of a backend's in-flight counters.
 #[derive(Debug)]
 pub struct LoadGuard {
@@ -58,7 +88,7 @@ pub struct LoadGuard {
 impl LoadGuard {
     pub fn new(state: Arc<BackendState>, load: impl Into<Load>) -> Self {
         let load = load.into();
-        state.inflight_requests.fetch_add(1, Ordering::Relaxed);
+        state.counters().requests.fetch_add(1, Ordering::Relaxed);
         Self::counted(state, load)
     }
 
@@ -74,7 +104,8 @@ impl LoadGuard {
             return Some(Self::new(state, load));
         };
         state
-            .inflight_requests
+            .counters()
+            .requests
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < cap).then_some(n + 1)
             })
@@ -84,14 +115,10 @@ impl LoadGuard {
 
     /// Count everything but the request itself (already counted by the caller).
     fn counted(state: Arc<BackendState>, load: Load) -> Self {
-        state
-            .inflight_tokens
-            .fetch_add(load.tokens, Ordering::Relaxed);
-        state
-            .pending_prefill_requests
-            .fetch_add(1, Ordering::Relaxed);
-        state
-            .pending_prefill_tokens
+        let c = state.counters();
+        c.tokens.fetch_add(load.tokens, Ordering::Relaxed);
+        c.prefill_requests.fetch_add(1, Ordering::Relaxed);
+        c.prefill_tokens
             .fetch_add(load.prompt_tokens, Ordering::Relaxed);
         LoadGuard {
             state,
@@ -121,7 +148,7 @@ impl LoadGuard {
     pub fn release_tokens(&mut self, n: u64) {
         let n = n.min(self.tokens);
         self.tokens -= n;
-        self.state.inflight_tokens.fetch_sub(n, Ordering::Relaxed);
+        self.state.counters().tokens.fetch_sub(n, Ordering::Relaxed);
     }
 
     /// The backend produced the request's first token: its prefill is done. Removes it from
@@ -134,12 +161,9 @@ impl LoadGuard {
     }
 
     fn end_prefill(&self, prompt: u64) {
-        self.state
-            .pending_prefill_requests
-            .fetch_sub(1, Ordering::Relaxed);
-        self.state
-            .pending_prefill_tokens
-            .fetch_sub(prompt, Ordering::Relaxed);
+        let c = self.state.counters();
+        c.prefill_requests.fetch_sub(1, Ordering::Relaxed);
+        c.prefill_tokens.fetch_sub(prompt, Ordering::Relaxed);
     }
 
     pub fn state(&self) -> &Arc<BackendState> {
@@ -152,10 +176,9 @@ impl Drop for LoadGuard {
         if let Some(prompt) = self.prefill.take() {
             self.end_prefill(prompt);
         }
-        self.state.inflight_requests.fetch_sub(1, Ordering::Relaxed);
-        self.state
-            .inflight_tokens
-            .fetch_sub(self.tokens, Ordering::Relaxed);
+        let c = self.state.counters();
+        c.requests.fetch_sub(1, Ordering::Relaxed);
+        c.tokens.fetch_sub(self.tokens, Ordering::Relaxed);
         if let Some(q) = self.wake.take() {
             q.slot_freed();
         }
@@ -172,14 +195,14 @@ mod tests {
         {
             let mut g = LoadGuard::new(s.clone(), 100);
             let _g2 = LoadGuard::new(s.clone(), 5);
-            assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 2);
+            assert_eq!(s.inflight_requests(), 2);
             g.release_tokens(30);
-            assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 75);
+            assert_eq!(s.inflight_tokens(), 75);
             g.release_tokens(1000);
-            assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 5);
+            assert_eq!(s.inflight_tokens(), 5);
         }
-        assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
-        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight_requests(), 0);
+        assert_eq!(s.inflight_tokens(), 0);
     }
 
     #[test]
@@ -194,7 +217,7 @@ mod tests {
                     for _ in 0..20_000 {
                         if let Some(g) = LoadGuard::claim(s.clone(), 1, Some(2)) {
                             taken += 1;
-                            let now = g.state().inflight_requests.load(Ordering::Acquire);
+                            let now = g.state().inflight_requests();
                             peak.fetch_max(now, Ordering::Relaxed);
                         }
                     }
@@ -206,8 +229,8 @@ mod tests {
         assert!(taken > 0);
         assert!(peak.load(Ordering::Relaxed) <= 2, "cap of 2 exceeded");
         assert_eq!(pending(&s), (0, 0));
-        assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
-        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight_requests(), 0);
+        assert_eq!(s.inflight_tokens(), 0);
         let a = LoadGuard::claim(s.clone(), 1, Some(1));
         assert!(a.is_some());
         assert!(LoadGuard::claim(s.clone(), 1, Some(1)).is_none());
@@ -223,15 +246,12 @@ mod tests {
             panic!("boom");
         });
         assert!(r.is_err());
-        assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
-        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight_requests(), 0);
+        assert_eq!(s.inflight_tokens(), 0);
     }
 
     fn pending(s: &BackendState) -> (u64, u64) {
-        (
-            s.pending_prefill_requests.load(Ordering::Relaxed),
-            s.pending_prefill_tokens.load(Ordering::Relaxed),
-        )
+        (s.pending_prefill_requests(), s.pending_prefill_tokens())
     }
 
     #[test]
@@ -241,24 +261,24 @@ mod tests {
         let b = LoadGuard::claim(s.clone(), Load::new(300, 200), Some(4));
         assert!(b.is_some());
         assert_eq!(pending(&s), (2, 800));
-        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 1300);
+        assert_eq!(s.inflight_tokens(), 1300);
         a.first_token();
         // the prompt is prefilled: out of the pending prefills and of the tokens in flight
         assert_eq!(pending(&s), (1, 200));
         assert_eq!(a.pending_prefill(), 0);
-        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 700);
+        assert_eq!(s.inflight_tokens(), 700);
         a.release_tokens(1);
         a.first_token();
         a.first_token();
         assert_eq!(pending(&s), (1, 200), "released once only");
-        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 699);
+        assert_eq!(s.inflight_tokens(), 699);
         drop(a);
         assert_eq!(pending(&s), (1, 200));
         // never reached its first token: the drop ends its prefill
         drop(b);
         assert_eq!(pending(&s), (0, 0));
-        assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
-        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight_requests(), 0);
+        assert_eq!(s.inflight_tokens(), 0);
         // the prompt is part of the tokens: never more prompt than tokens
         let c = LoadGuard::new(s.clone(), Load::new(10, 50));
         assert_eq!(pending(&s), (1, 10));
@@ -287,7 +307,7 @@ mod tests {
         });
         assert!(r.is_err());
         assert_eq!(pending(&s), (0, 0));
-        assert_eq!(s.inflight_requests.load(Ordering::Relaxed), 0);
-        assert_eq!(s.inflight_tokens.load(Ordering::Relaxed), 0);
+        assert_eq!(s.inflight_requests(), 0);
+        assert_eq!(s.inflight_tokens(), 0);
     }
 }

@@ -6,7 +6,7 @@
 //! - [`load`]: RAII guards counting in-flight requests and tokens, and pending prefills, per
 //!   backend.
 //! - [`health`]: per-kind active probes, model discovery and passive ejection.
-//! - [`registry`]: the set of backends of one config snapshot, and model resolution.
+//! - [`snapshot`]: the fleet of one config snapshot (its set of backends), and model resolution.
 //! - [`queue`]: the gateway-side wait queue (per-backend caps, fair by tenant, with a deadline).
 //! - [`registration`]: members announced at run time through the admin API, with a TTL.
 //! - [`discovery`]: members found by resolving a DNS name, re-resolved periodically.
@@ -14,9 +14,12 @@
 //! - [`signals`]: engine load signals per kind (vLLM/TGI metrics, Ollama loaded models).
 //! - [`speed`]: measured EWMAs per backend (TTFT, prefill and decode speed) and per model.
 //! - [`tokenize`]: exact prompt token counts from a vLLM or TGI backend's tokenizer.
+//! - [`view`]: [`BackendView`], one serialisable snapshot of a backend for the operations
+//!   surfaces (`/admin/backends`, the dashboard, the per-backend gauges).
 //!
 //! Invariants: a backend's state outlives config reloads as long as its name, kind and URL stay
-//! the same; load counters are only changed through guards, so every exit path releases them.
+//! the same; load counters are only changed through guards, so every exit path releases them
+//! (the compiler holds this: [`BackendState`]'s fields are private).
 
 pub mod backend;
 pub mod discovery;
@@ -25,11 +28,13 @@ pub mod load;
 pub mod prom;
 pub mod queue;
 pub mod registration;
-pub mod registry;
 pub mod signals;
+pub mod snapshot;
 pub mod speed;
 pub mod tokenize;
+pub mod view;
 
 pub use backend::{Backend, BackendState, Health};
 pub use load::{Load, LoadGuard};
-pub use registry::{Fleet, Resolved};
+pub use snapshot::{Fleet, Resolved};
+pub use view::BackendView;

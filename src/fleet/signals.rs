@@ -19,13 +19,12 @@
 //! probe client and parsed tolerantly by [`super::prom`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::backend::now_ms;
+use super::backend::monotonic_ms;
 use super::prom::{self, Sample};
 use super::Backend;
 use crate::config::{BackendKind, HealthConfig};
@@ -78,7 +77,7 @@ impl Signals {
     /// Whether the snapshot is recent enough to route on.
     pub fn fresh(&self) -> bool {
         self.at_ms != 0
-            && now_ms().saturating_sub(self.at_ms)
+            && monotonic_ms().saturating_sub(self.at_ms)
                 <= self.interval_ms.max(100).saturating_mul(STALE_INTERVALS)
     }
 
@@ -268,11 +267,11 @@ pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u
                 return;
             };
             let mut s = parse_tgi(&String::from_utf8_lossy(&body));
-            if now_ms().saturating_sub(*last_info_ms) >= INFO_EVERY_MS || *last_info_ms == 0 {
+            if monotonic_ms().saturating_sub(*last_info_ms) >= INFO_EVERY_MS || *last_info_ms == 0 {
                 if let Some((mc, mt)) = get("/info").await.as_deref().and_then(parse_tgi_info) {
                     s.max_concurrent = mc;
                     s.max_total_tokens = mt;
-                    *last_info_ms = now_ms().max(1);
+                    *last_info_ms = monotonic_ms().max(1);
                 }
             }
             s
@@ -291,18 +290,15 @@ pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u
         }
         BackendKind::OpenAi => return,
     };
-    let prev = backend.state.signals.load();
+    let prev = backend.state.signals();
     let mut next = merge(&prev, next);
-    next.at_ms = now_ms().max(1);
+    next.at_ms = monotonic_ms().max(1);
     next.interval_ms = interval_ms;
     if let Some(t) = next.total {
-        backend
-            .state
-            .engine_waiting
-            .store(t.waiting.max(0.0) as u64, Ordering::Relaxed);
+        backend.state.set_engine_waiting(t.waiting.max(0.0) as u64);
     }
     backend_signals(backend.name(), &next);
-    backend.state.signals.store(Arc::new(next));
+    backend.state.set_signals(next);
 }
 
 /// The signals loop of one backend: runs beside its health probe, forever.

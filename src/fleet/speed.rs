@@ -4,7 +4,7 @@
 //! - per backend ([`Speeds`], in [`super::BackendState::speeds`]): time to first token, prefill
 //!   speed (prompt tokens / TTFT), decode speed (completion tokens / (end − first token)) and
 //!   the whole request's duration;
-//! - per model ([`ModelStats`]): the average output length (used when a request sets no
+//! - per model ([`ModelShapes`]): the average output length (used when a request sets no
 //!   `max_tokens`) and the ratio of reported prompt tokens to the gateway's estimate (so the
 //!   tokenizer-free estimate is corrected by what responses report).
 //!
@@ -136,7 +136,7 @@ impl Speeds {
         self.service_seconds.observe(total);
         self.samples.fetch_add(1, Ordering::Relaxed);
         self.last_sample_ms
-            .store(super::backend::now_ms().max(1), Ordering::Relaxed);
+            .store(super::backend::monotonic_ms().max(1), Ordering::Relaxed);
         match o.ttft {
             Some(ttft) => {
                 let ttft = ttft.as_secs_f64().max(1e-4);
@@ -173,8 +173,8 @@ pub struct ModelShape {
 
 /// Learned shapes of all models (client-facing canonical names).
 #[derive(Debug, Default)]
-pub struct ModelStats {
-    models: DashMap<String, ModelShape>,
+pub struct ModelShapes {
+    by_model: DashMap<String, ModelShape>,
 }
 
 /// Bounds on the prompt correction, so one odd response cannot distort routing.
@@ -182,17 +182,17 @@ const RATIO_BOUNDS: (f64, f64) = (0.25, 4.0);
 /// At most this many models are tracked (names come from config, but be safe).
 const MAX_MODELS: usize = 4096;
 
-impl ModelStats {
+impl ModelShapes {
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Record what a finished request reported.
     pub fn observe(&self, model: &str, estimated_prompt: u64, prompt: u64, completion: u64) {
-        if !self.models.contains_key(model) && self.models.len() >= MAX_MODELS {
+        if !self.by_model.contains_key(model) && self.by_model.len() >= MAX_MODELS {
             return;
         }
-        let shape = self.models.entry(model.to_string()).or_default();
+        let shape = self.by_model.entry(model.to_string()).or_default();
         shape.output_tokens.observe(completion as f64);
         if estimated_prompt > 0 && prompt > 0 {
             let r = (prompt as f64 / estimated_prompt as f64).clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
@@ -202,13 +202,13 @@ impl ModelStats {
 
     /// Average output tokens of `model`, once learned.
     pub fn output_tokens(&self, model: &str) -> Option<u64> {
-        let v = self.models.get(model)?.output_tokens.get()?;
+        let v = self.by_model.get(model)?.output_tokens.get()?;
         Some(v.round().max(1.0) as u64)
     }
 
     /// `estimate` corrected by what responses of `model` reported.
     pub fn corrected_prompt(&self, model: &str, estimate: u64) -> u64 {
-        match self.models.get(model).and_then(|s| s.prompt_ratio.get()) {
+        match self.by_model.get(model).and_then(|s| s.prompt_ratio.get()) {
             Some(r) => (estimate as f64 * r).round() as u64,
             None => estimate,
         }
@@ -293,7 +293,7 @@ mod tests {
 
     #[test]
     fn model_stats_learn_output_and_correct_estimates() {
-        let m = ModelStats::new();
+        let m = ModelShapes::new();
         assert_eq!(m.output_tokens("a"), None);
         assert_eq!(m.corrected_prompt("a", 100), 100);
         m.observe("a", 100, 150, 40);

@@ -42,7 +42,7 @@ use shared::RedisStore;
 use usage::{UsageBook, UsageReport};
 
 /// Wall-clock milliseconds since the epoch (budgets follow UTC days).
-pub fn now_ms() -> f64 {
+pub fn unix_ms() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64() * 1000.0)
@@ -198,12 +198,12 @@ impl Limits {
                         .with_code("rate_limiter_unavailable")
                         .with_retry_after(shared::RETRY_AFTER_FAILURE));
                     }
-                    let d = self.local.admit(&checks, s.window_ms, now_ms());
+                    let d = self.local.admit(&checks, s.window_ms, unix_ms());
                     (d, Store::Local(self.local.clone()))
                 }
             },
             None => {
-                let d = self.local.admit(&checks, s.window_ms, now_ms());
+                let d = self.local.admit(&checks, s.window_ms, unix_ms());
                 (d, Store::Local(self.local.clone()))
             }
         };
@@ -349,9 +349,13 @@ impl Held {
             .saturating_sub(i64::try_from(self.reserved).unwrap_or(i64::MAX));
         match self.store {
             None => {}
-            Some(Store::Local(l)) => {
-                l.settle(&self.checks, &self.periods, delta, self.window_ms, now_ms())
-            }
+            Some(Store::Local(l)) => l.settle(
+                &self.checks,
+                &self.periods,
+                delta,
+                self.window_ms,
+                unix_ms(),
+            ),
             Some(Store::Shared(r)) => {
                 let (checks, periods, lease, window) =
                     (self.checks, self.periods, self.lease, self.window_ms);

@@ -303,11 +303,11 @@ impl RedisStore {
     }
 
     fn resting(&self) -> bool {
-        super::now_ms() < self.rest_until_ms.load(Ordering::Relaxed) as f64
+        super::unix_ms() < self.rest_until_ms.load(Ordering::Relaxed) as f64
     }
 
     fn failed(&self) {
-        let until = super::now_ms() as u64 + RETRY_AFTER_FAILURE.as_millis() as u64;
+        let until = super::unix_ms() as u64 + RETRY_AFTER_FAILURE.as_millis() as u64;
         self.rest_until_ms.store(until, Ordering::Relaxed);
         metrics::counter!(crate::telemetry::metrics::RATELIMIT_REDIS_ERRORS_TOTAL).increment(1);
     }

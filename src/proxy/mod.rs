@@ -146,7 +146,7 @@ async fn proxy(
     // Expected size: the prompt's exact count for a large prompt when a candidate's tokenizer
     // answers in time, else the estimate corrected by what this model's responses reported;
     // plus max_tokens or, when absent, the model's learned average output.
-    let shapes = gw.router.models.clone();
+    let shapes = gw.router.shapes.clone();
     let corrected = shapes.corrected_prompt(&resolved.canonical, fields.prompt_tokens_estimate);
     let exact = match config.routing.tokenize_above {
         above if above > 0 && corrected >= above => crate::fleet::tokenize::count(
@@ -172,7 +172,6 @@ async fn proxy(
         .output_tokens(&resolved.canonical)
         .unwrap_or(config.routing.default_max_tokens);
     let expected_tokens = prompt_estimate + fields.expected_output(default_output);
-    gw.router.set_p2c_above(config.routing.p2c_above);
     let permit = gw
         .limits
         .admit(&identity, &resolved.canonical, expected_tokens)
@@ -247,10 +246,7 @@ async fn proxy(
         // A non-streamed answer (or an error body) must be complete within `timeouts.response`
         // of the send, so a backend trickling bytes just faster than `idle` cannot hold it.
         let body_deadline = tokio::time::Instant::now() + timeouts.response;
-        backend
-            .state
-            .requests_total
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        backend.state.count_request();
 
         let resp = match forward::send(
             backend,
@@ -493,13 +489,14 @@ struct Claimed {
 /// a slot.
 fn pick_and_claim(
     gw: &Gateway,
+    config: &crate::config::Config,
     policy: crate::config::PolicyKind,
     candidates: &[(Arc<crate::fleet::Backend>, String)],
     tried: &[usize],
     input: RouteInput,
 ) -> Option<Claimed> {
     for _ in 0..=candidates.len() {
-        let idx = gw.router.pick(policy, candidates, tried, input)?;
+        let idx = gw.router.pick(config, policy, candidates, tried, input)?;
         let (backend, backend_model) = &candidates[idx];
         let queued = crate::routing::score::would_queue(backend, backend_model);
         let cap = backend.cap();
@@ -527,7 +524,7 @@ async fn pick_or_wait(
 ) -> Result<Option<Claimed>, ApiError> {
     use crate::fleet::queue::QueueError;
     use crate::routing::Router;
-    if let Some(c) = pick_and_claim(gw, policy, candidates, tried, input) {
+    if let Some(c) = pick_and_claim(gw, config, policy, candidates, tried, input) {
         return Ok(Some(c));
     }
     if !Router::saturated(candidates, tried) {
@@ -565,7 +562,7 @@ async fn pick_or_wait(
                 .record(started.elapsed().as_secs_f64());
             return Err(refuse("timeout", e));
         }
-        if let Some(c) = pick_and_claim(gw, policy, candidates, tried, input) {
+        if let Some(c) = pick_and_claim(gw, config, policy, candidates, tried, input) {
             drop(ticket);
             metrics::gauge!(m::QUEUE_DEPTH).set(gw.queue.len() as f64);
             metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "routed")

@@ -45,7 +45,7 @@ use crate::telemetry::metrics as m;
 /// length and prompt-estimate correction. Only complete answers with a usage report count.
 pub fn learn_hook(
     backend: Arc<Backend>,
-    shapes: Arc<crate::fleet::speed::ModelStats>,
+    shapes: Arc<crate::fleet::speed::ModelShapes>,
     model: String,
     prompt_estimate: u64,
     sent_after: Duration,
@@ -61,12 +61,9 @@ pub fn learn_hook(
             u.prompt_tokens,
             u.completion_tokens,
         );
-        let busy = backend
-            .state
-            .inflight_requests
-            .load(std::sync::atomic::Ordering::Relaxed) as f64
-            + 1.0; // this request's guard is already released
-        backend.state.speeds.observe(
+        // this request's guard is already released
+        let busy = backend.state.inflight_requests() as f64 + 1.0;
+        backend.state.speeds().observe(
             &crate::fleet::speed::Observation {
                 prompt_tokens: u.prompt_tokens,
                 completion_tokens: u.completion_tokens,
@@ -76,7 +73,7 @@ pub fn learn_hook(
             },
             busy,
         );
-        crate::fleet::speed::backend_speeds(backend.name(), &backend.state.speeds);
+        crate::fleet::speed::backend_speeds(backend.name(), backend.state.speeds());
     })
 }
 

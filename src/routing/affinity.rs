@@ -57,9 +57,9 @@ const SCORE_FACTOR: f64 = 3.0;
 /// What `b` delivers at a full batch, in output tokens per second, from measurements (times
 /// its static weight); `None` before its decode speed is measured.
 pub fn learned_capacity(b: &Backend) -> Option<f64> {
-    let sp = &b.state.speeds;
+    let sp = b.state.speeds();
     let decode = sp.decode_tps.get()?;
-    let sig = b.state.signals.load();
+    let sig = b.state.signals();
     if sig.fresh() {
         let running = sig.total.map_or(0.0, |t| t.running).max(0.0) as u64;
         sp.batch_seen.fetch_max(
@@ -72,7 +72,7 @@ pub fn learned_capacity(b: &Backend) -> Option<f64> {
         n => n as f64,
     }
     .max(1.0);
-    let seen = b.state.speeds.busy_seen().unwrap_or(slots).min(slots);
+    let seen = b.state.speeds().busy_seen().unwrap_or(slots).min(slots);
     let full = decode * (1.0 + seen / slots) / 2.0;
     let cap = slots * full * f64::from(b.config.weight.max(1));
     (cap.is_finite() && cap > 0.0).then_some(cap)
@@ -81,7 +81,7 @@ pub fn learned_capacity(b: &Backend) -> Option<f64> {
 /// The backend's weight step (log2 of its learned capacity, in [`STEPS_PER_OCTAVE`]), updated
 /// with hysteresis; `None` before it is measured.
 pub fn home_level(b: &Backend) -> Option<i64> {
-    let level = &b.state.speeds.home_level;
+    let level = &b.state.speeds().home_level;
     match learned_capacity(b) {
         Some(cap) => level.follow(cap.log2() * STEPS_PER_OCTAVE, LEVEL_BAND),
         None => level.get(),

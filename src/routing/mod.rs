@@ -1,7 +1,9 @@
 //! Choosing a backend among the candidates for a request.
 //!
-//! A [`Router`] holds the per-policy state (the round-robin cursor) and picks from the
-//! candidates that are routable now and not yet tried by this request. Backends in a degraded
+//! A [`Router`] holds the per-policy state (the round-robin cursor) and the learned
+//! [`ModelShapes`], never configuration: each pick reads the request's config snapshot
+//! (`health.slow_start`, `routing.p2c_above`), so a reload applies to the next pick. It picks
+//! from the candidates that are routable now and not yet tried by this request. Backends in a degraded
 //! state (overloaded, loading) are chosen only when no preferred one is left. A backend at its
 //! concurrency cap ([`Backend::has_slot`]) is not eligible (the proxy's wait queue covers that
 //! case), and a backend in slow start after re-admission takes part in a pick only with the
@@ -28,12 +30,11 @@
 pub mod affinity;
 pub mod score;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::config::PolicyKind;
-use crate::fleet::speed::ModelStats;
+use crate::config::{Config, PolicyKind};
+use crate::fleet::speed::ModelShapes;
 use crate::fleet::Backend;
 use crate::openai::request::Fnv64;
 
@@ -76,28 +77,20 @@ impl RouteInput {
     }
 }
 
-/// Default of `routing.p2c_above`.
-pub const DEFAULT_P2C_ABOVE: usize = 16;
-
-/// Per-policy routing state, shared by all requests.
+/// Routing state shared by all requests. It holds no configuration: each pick reads the
+/// request's config snapshot.
 #[derive(Debug)]
 pub struct Router {
     cursor: AtomicUsize,
-    /// `health.slow_start` in milliseconds (0: off).
-    slow_start_ms: AtomicU64,
-    /// `routing.p2c_above`.
-    p2c_above: AtomicUsize,
     /// Learned per-model request shapes (output length, prompt estimate correction).
-    pub models: Arc<ModelStats>,
+    pub shapes: Arc<ModelShapes>,
 }
 
 impl Default for Router {
     fn default() -> Self {
         Router {
             cursor: AtomicUsize::new(0),
-            slow_start_ms: AtomicU64::new(0),
-            p2c_above: AtomicUsize::new(DEFAULT_P2C_ABOVE),
-            models: Arc::new(ModelStats::new()),
+            shapes: Arc::new(ModelShapes::new()),
         }
     }
 }
@@ -105,20 +98,6 @@ impl Default for Router {
 impl Router {
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// Set `routing.p2c_above`: above this many eligible backends token-aware scores two
-    /// random ones instead of all.
-    pub fn set_p2c_above(&self, n: usize) {
-        self.p2c_above.store(n.max(2), Ordering::Relaxed);
-    }
-
-    /// Set the slow-start window (from `health.slow_start`; zero turns it off).
-    pub fn set_slow_start(&self, d: Duration) {
-        self.slow_start_ms.store(
-            u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
     }
 
     /// Whether some untried candidate is routable but at its concurrency cap: waiting for a
@@ -130,8 +109,11 @@ impl Router {
     }
 
     /// Pick a candidate, skipping `tried` (indices into `candidates`). Returns its index.
+    /// `config` is the request's snapshot: its `health.slow_start` and `routing.p2c_above`
+    /// apply to this pick.
     pub fn pick<T: AsRef<str>>(
         &self,
+        config: &Config,
         policy: PolicyKind,
         candidates: &[(Arc<Backend>, T)],
         tried: &[usize],
@@ -147,7 +129,7 @@ impl Router {
         if eligible.is_empty() {
             return None;
         }
-        let slow_start = Duration::from_millis(self.slow_start_ms.load(Ordering::Relaxed));
+        let slow_start = config.health.slow_start;
         if eligible.len() > 1 && !slow_start.is_zero() {
             let kept: Vec<usize> = eligible
                 .iter()
@@ -177,6 +159,8 @@ impl Router {
             pool.retain(|i| warm(i) != Some(false));
         }
         let backends: Vec<&Backend> = pool.iter().map(|i| candidates[*i].0.as_ref()).collect();
+        // Two at least: power of two choices needs two to compare.
+        let p2c_above = config.routing.p2c_above.max(2);
         let chosen = match policy {
             PolicyKind::RoundRobin => self.cursor.fetch_add(1, Ordering::Relaxed) % pool.len(),
             PolicyKind::LeastRequest => {
@@ -184,13 +168,13 @@ impl Router {
             }
             PolicyKind::TokenAware => {
                 let models: Vec<&str> = pool.iter().map(|i| candidates[*i].1.as_ref()).collect();
-                self.token_aware(&backends, &models, input)
+                token_aware(&backends, &models, input, p2c_above)
             }
             PolicyKind::PrefixAffinity => {
                 let models: Vec<&str> = pool.iter().map(|i| candidates[*i].1.as_ref()).collect();
                 match input.prefix_hash {
-                    Some(h) => self.affinity(&backends, &models, h, input),
-                    None => self.token_aware(&backends, &models, input),
+                    Some(h) => prefix_affinity(&backends, &models, h, input, p2c_above),
+                    None => token_aware(&backends, &models, input, p2c_above),
                 }
             }
         };
@@ -198,36 +182,41 @@ impl Router {
         crate::telemetry::metrics::routing_decision(policy.as_str(), candidates[picked].0.name());
         Some(picked)
     }
+}
 
-    /// The backend expected to finish this request soonest: all of them scored up to
-    /// `p2c_above`, two random ones above.
-    fn token_aware(&self, backends: &[&Backend], models: &[&str], input: RouteInput) -> usize {
-        let prior = score::Prior::of(backends);
-        let req = input.score_request();
-        let score_of = |i: usize| score::breakdown(backends[i], models[i], req, prior).score;
-        let n = backends.len();
-        if n > self.p2c_above.load(Ordering::Relaxed) {
-            let a = rand::random_range(0..n);
-            let b = (a + rand::random_range(1..n)) % n;
-            return if score_of(b) < score_of(a) { b } else { a };
-        }
-        let offset = rand::random_range(0..n);
-        let mut best = offset;
-        let mut best_score = f64::INFINITY;
-        for k in 0..n {
-            let i = (offset + k) % n;
-            let s = score_of(i);
-            if s < best_score {
-                best = i;
-                best_score = s;
-            }
-        }
-        best
+/// The backend expected to finish this request soonest: all of them scored up to `p2c_above`,
+/// two random ones above.
+fn token_aware(
+    backends: &[&Backend],
+    models: &[&str],
+    input: RouteInput,
+    p2c_above: usize,
+) -> usize {
+    let prior = score::Prior::of(backends);
+    let req = input.score_request();
+    let score_of = |i: usize| score::breakdown(backends[i], models[i], req, prior).score;
+    let n = backends.len();
+    if n > p2c_above {
+        let a = rand::random_range(0..n);
+        let b = (a + rand::random_range(1..n)) % n;
+        return if score_of(b) < score_of(a) { b } else { a };
     }
+    let offset = rand::random_range(0..n);
+    let mut best = offset;
+    let mut best_score = f64::INFINITY;
+    for k in 0..n {
+        let i = (offset + k) % n;
+        let s = score_of(i);
+        if s < best_score {
+            best = i;
+            best_score = s;
+        }
+    }
+    best
 }
 
 fn load_of(b: &Backend) -> f64 {
-    b.state.inflight_requests.load(Ordering::Relaxed) as f64
+    b.state.inflight_requests() as f64
 }
 
 /// Index of the smallest score; ties go to the earliest, rotated by a cheap per-call offset so
@@ -261,40 +250,38 @@ pub fn rendezvous_rank(prefix: u64, name: &str) -> u64 {
     z ^ (z >> 31)
 }
 
-impl Router {
-    /// Weighted rendezvous order of `prefix` (weights: the candidates' learned capacity, see
-    /// [`affinity`]); the first backend in that order that passes the guards
-    /// ([`affinity::overloaded`], [`affinity::too_slow`]: scored with its prefix warm against
-    /// every candidate scored cold), else token-aware. Scoring the home cold as well would
-    /// reject it whenever another backend prefills faster, and the choice would flip with load,
-    /// scattering the prefix.
-    fn affinity(
-        &self,
-        backends: &[&Backend],
-        models: &[&str],
-        prefix: u64,
-        input: RouteInput,
-    ) -> usize {
-        let weights = affinity::home_weights(backends);
-        let names: Vec<&str> = backends.iter().map(|b| b.name()).collect();
-        let order = affinity::home_order(&names, &weights, prefix);
-        let prior = score::Prior::of(backends);
-        let cold = input.score_request();
-        let warm = input.warm_request();
-        let cold: Vec<score::Breakdown> = (0..backends.len())
-            .map(|i| score::breakdown(backends[i], models[i], cold, prior))
-            .collect();
-        for i in order {
-            if affinity::overloaded(&cold, i) {
-                continue;
-            }
-            let warm = score::breakdown(backends[i], models[i], warm, prior);
-            if !affinity::too_slow(&warm, &cold) {
-                return i;
-            }
+/// Weighted rendezvous order of `prefix` (weights: the candidates' learned capacity, see
+/// [`affinity`]); the first backend in that order that passes the guards
+/// ([`affinity::overloaded`], [`affinity::too_slow`]: scored with its prefix warm against
+/// every candidate scored cold), else token-aware. Scoring the home cold as well would
+/// reject it whenever another backend prefills faster, and the choice would flip with load,
+/// scattering the prefix.
+fn prefix_affinity(
+    backends: &[&Backend],
+    models: &[&str],
+    prefix: u64,
+    input: RouteInput,
+    p2c_above: usize,
+) -> usize {
+    let weights = affinity::home_weights(backends);
+    let names: Vec<&str> = backends.iter().map(|b| b.name()).collect();
+    let order = affinity::home_order(&names, &weights, prefix);
+    let prior = score::Prior::of(backends);
+    let cold = input.score_request();
+    let warm = input.warm_request();
+    let cold: Vec<score::Breakdown> = (0..backends.len())
+        .map(|i| score::breakdown(backends[i], models[i], cold, prior))
+        .collect();
+    for i in order {
+        if affinity::overloaded(&cold, i) {
+            continue;
         }
-        self.token_aware(backends, models, input)
+        let warm = score::breakdown(backends[i], models[i], warm, prior);
+        if !affinity::too_slow(&warm, &cold) {
+            return i;
+        }
     }
+    token_aware(backends, models, input, p2c_above)
 }
 
 #[cfg(test)]
@@ -302,7 +289,19 @@ mod tests {
     use super::*;
     use crate::config::{BackendConfig, BackendKind, Timeouts};
     use crate::fleet::signals::Signals;
-    use crate::fleet::{BackendState, Health, LoadGuard};
+    use crate::fleet::{BackendState, Health, Load, LoadGuard};
+    use std::sync::LazyLock;
+    use std::time::Duration;
+
+    /// A snapshot with slow start off and the default `p2c_above`.
+    static SNAPSHOT: LazyLock<Config> = LazyLock::new(|| snapshot(Duration::ZERO, 16));
+
+    fn snapshot(slow_start: Duration, p2c_above: usize) -> Config {
+        let mut c = Config::empty();
+        c.health.slow_start = slow_start;
+        c.routing.p2c_above = p2c_above;
+        c
+    }
 
     fn backends(n: usize) -> Vec<(Arc<Backend>, String)> {
         (0..n)
@@ -339,14 +338,23 @@ mod tests {
         let c = backends(3);
         let r = Router::new();
         let picks: Vec<_> = (0..6)
-            .map(|_| r.pick(PolicyKind::RoundRobin, &c, &[], INPUT).unwrap())
+            .map(|_| {
+                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[], INPUT)
+                    .unwrap()
+            })
             .collect();
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
         c[1].0.state.set_health(Health::Down);
         for _ in 0..4 {
-            assert_ne!(r.pick(PolicyKind::RoundRobin, &c, &[0], INPUT), Some(1));
+            assert_ne!(
+                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[0], INPUT),
+                Some(1)
+            );
         }
-        assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[0, 2], INPUT), None);
+        assert_eq!(
+            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[0, 2], INPUT),
+            None
+        );
     }
 
     #[test]
@@ -358,33 +366,86 @@ mod tests {
         let r = Router::new();
         let g = LoadGuard::new(c[0].0.state.clone(), 1);
         for _ in 0..4 {
-            assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[], INPUT), Some(1));
+            assert_eq!(
+                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[], INPUT),
+                Some(1)
+            );
         }
         assert!(Router::saturated(&c, &[1]));
-        assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[1], INPUT), None);
+        assert_eq!(
+            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[1], INPUT),
+            None
+        );
         drop(g);
         assert!(!Router::saturated(&c, &[1]));
-        assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[1], INPUT), Some(0));
+        assert_eq!(
+            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[1], INPUT),
+            Some(0)
+        );
     }
 
     #[test]
     fn slow_start_ramps_a_readmitted_backends_share() {
         let c = backends(2);
         let r = Router::new();
-        r.set_slow_start(Duration::from_secs(60));
+        let slow = snapshot(Duration::from_secs(60), 16);
         c[0].0
             .state
-            .admitted_at_ms
-            .store(crate::fleet::backend::now_ms().max(1), Ordering::Relaxed);
+            .record_admission(crate::fleet::backend::monotonic_ms());
         let n = 2000;
         let to_new = (0..n)
-            .filter(|_| r.pick(PolicyKind::RoundRobin, &c, &[], INPUT) == Some(0))
+            .filter(|_| r.pick(&slow, PolicyKind::RoundRobin, &c, &[], INPUT) == Some(0))
             .count();
         // fair share is 1/2; at the start of its ramp it gets about 10% of that
         let share = to_new as f64 / n as f64;
         assert!(share < 0.15, "share {share}");
         // alone, it still gets everything
-        assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[1], INPUT), Some(0));
+        assert_eq!(
+            r.pick(&slow, PolicyKind::RoundRobin, &c, &[1], INPUT),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn each_pick_reads_slow_start_from_the_snapshot_it_is_given() {
+        let c = backends(2);
+        c[0].0
+            .state
+            .record_admission(crate::fleet::backend::monotonic_ms());
+        let r = Router::new();
+        let slow = snapshot(Duration::from_secs(60), 16);
+        let share = |cfg: &Config| {
+            let n = 2000;
+            let to_new = (0..n)
+                .filter(|_| r.pick(cfg, PolicyKind::RoundRobin, &c, &[], INPUT) == Some(0))
+                .count();
+            to_new as f64 / n as f64
+        };
+        // the same router, one snapshot after the other: no setter in between
+        assert!(share(&slow) < 0.15);
+        assert!((0.4..0.6).contains(&share(&SNAPSHOT)));
+        assert!(share(&slow) < 0.15);
+    }
+
+    #[test]
+    fn each_pick_reads_p2c_above_from_the_snapshot_it_is_given() {
+        let c = backends(8);
+        let _load: Vec<_> = c[1..]
+            .iter()
+            .map(|(b, _)| LoadGuard::new(b.state.clone(), Load::new(20_000, 20_000)))
+            .collect();
+        let r = Router::new();
+        let picks_of_idle = |cfg: &Config| {
+            (0..400)
+                .filter(|_| r.pick(cfg, PolicyKind::TokenAware, &c, &[], INPUT) == Some(0))
+                .count()
+        };
+        // a full scan always finds the idle backend
+        assert_eq!(picks_of_idle(&SNAPSHOT), 400);
+        // two random ones of eight: the idle one is among them about a quarter of the time
+        let p2c = picks_of_idle(&snapshot(Duration::ZERO, 2));
+        assert!((40..200).contains(&p2c), "{p2c}");
+        assert_eq!(picks_of_idle(&SNAPSHOT), 400);
     }
 
     #[test]
@@ -393,9 +454,15 @@ mod tests {
         c[0].0.state.set_health(Health::Overloaded);
         let r = Router::new();
         for _ in 0..4 {
-            assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[], INPUT), Some(1));
+            assert_eq!(
+                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[], INPUT),
+                Some(1)
+            );
         }
-        assert_eq!(r.pick(PolicyKind::RoundRobin, &c, &[1], INPUT), Some(0));
+        assert_eq!(
+            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[1], INPUT),
+            Some(0)
+        );
     }
 
     #[test]
@@ -406,9 +473,15 @@ mod tests {
             .map(|_| LoadGuard::new(c[1].0.state.clone(), 100))
             .collect::<Vec<_>>();
         let r = Router::new();
-        assert_eq!(r.pick(PolicyKind::TokenAware, &c, &[], INPUT), Some(1));
+        assert_eq!(
+            r.pick(&SNAPSHOT, PolicyKind::TokenAware, &c, &[], INPUT),
+            Some(1)
+        );
         // least-request counts requests, not tokens, and picks the other one
-        assert_eq!(r.pick(PolicyKind::LeastRequest, &c, &[], INPUT), Some(0));
+        assert_eq!(
+            r.pick(&SNAPSHOT, PolicyKind::LeastRequest, &c, &[], INPUT),
+            Some(0)
+        );
     }
 
     #[test]
@@ -430,11 +503,11 @@ mod tests {
             prefix_tokens: 4,
         };
         let first = r
-            .pick(PolicyKind::PrefixAffinity, &c, &[], input(42))
+            .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input(42))
             .unwrap();
         for _ in 0..5 {
             assert_eq!(
-                r.pick(PolicyKind::PrefixAffinity, &c, &[], input(42)),
+                r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input(42)),
                 Some(first)
             );
         }
@@ -443,7 +516,7 @@ mod tests {
             .map(|_| LoadGuard::new(c[first].0.state.clone(), 10))
             .collect();
         assert_ne!(
-            r.pick(PolicyKind::PrefixAffinity, &c, &[], input(42)),
+            r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input(42)),
             Some(first)
         );
         drop(_g);
@@ -456,10 +529,10 @@ mod tests {
         let mut moved = 0;
         for k in 0..keys {
             let a = r
-                .pick(PolicyKind::PrefixAffinity, &five, &[], input(k))
+                .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &five, &[], input(k))
                 .unwrap();
             let b = r
-                .pick(PolicyKind::PrefixAffinity, &four, &[], input(k))
+                .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &four, &[], input(k))
                 .unwrap();
             if a != b {
                 moved += 1;
@@ -473,7 +546,7 @@ mod tests {
     fn measure(b: &Backend, prefill_tps: f64, decode_tps: f64) {
         for _ in 0..10 {
             let ttft = 1000.0 / prefill_tps;
-            b.state.speeds.observe(
+            b.state.speeds().observe(
                 &crate::fleet::speed::Observation {
                     prompt_tokens: 1000,
                     completion_tokens: 101,
@@ -516,7 +589,7 @@ mod tests {
         let input = shared_prompt(prefix);
         for _ in 0..4 {
             assert_eq!(
-                r.pick(PolicyKind::PrefixAffinity, &c, &[], input),
+                r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input),
                 Some(target)
             );
         }
@@ -526,7 +599,7 @@ mod tests {
             ..input
         };
         assert_eq!(
-            r.pick(PolicyKind::PrefixAffinity, &c, &[], no_reuse),
+            r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], no_reuse),
             Some(other)
         );
     }
@@ -542,12 +615,12 @@ mod tests {
             *b = Arc::new(Backend::new(cfg, b.state.clone()));
         }
         // the engine's batch, learned: 32 at the home
-        c[target].0.state.signals.store(Arc::new(Signals {
-            at_ms: crate::fleet::backend::now_ms().max(1),
+        c[target].0.state.set_signals(Signals {
+            at_ms: crate::fleet::backend::monotonic_ms().max(1),
             interval_ms: 1000,
             learned_slots: Some(32),
             ..Signals::default()
-        }));
+        });
         let r = Router::new();
         let input = shared_prompt(prefix);
         let mut others: Vec<_> = Vec::new();
@@ -563,14 +636,14 @@ mod tests {
             .collect();
         for _ in 0..4 {
             assert_eq!(
-                r.pick(PolicyKind::PrefixAffinity, &c, &[], input),
+                r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input),
                 Some(target)
             );
         }
         // a deep queue of long answers: it leaves
         guards.extend((0..31).map(|_| LoadGuard::new(c[target].0.state.clone(), 2000)));
         assert_ne!(
-            r.pick(PolicyKind::PrefixAffinity, &c, &[], input),
+            r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input),
             Some(target)
         );
     }
@@ -586,6 +659,7 @@ mod tests {
         let to_fast = (0..keys)
             .filter(|k| {
                 r.pick(
+                    &SNAPSHOT,
                     PolicyKind::PrefixAffinity,
                     &c,
                     &[],

@@ -35,7 +35,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::config::BackendKind;
-use crate::fleet::backend::now_ms;
+use crate::fleet::backend::monotonic_ms;
 use crate::fleet::Backend;
 
 /// Prior prefill speed (tokens/s per request) before anything is measured.
@@ -66,7 +66,7 @@ pub struct Request {
     pub output_tokens: u64,
 }
 
-/// Fleet-wide speed averages, used for backends not measured yet.
+/// Speeds assumed for backends not measured yet (see [`Prior::of`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Prior {
     pub prefill_tps: f64,
@@ -78,12 +78,12 @@ impl Prior {
     /// higher. A backend nobody has measured yet is assumed to be as good as the best, so it
     /// gets the first samples that tell the truth instead of starving behind a measured one.
     pub fn of(backends: &[&Backend]) -> Prior {
-        let avg = |f: &dyn Fn(&Backend) -> Option<f64>, default: f64| {
+        let fastest = |f: &dyn Fn(&Backend) -> Option<f64>, default: f64| {
             backends.iter().filter_map(|b| f(b)).fold(default, f64::max)
         };
         Prior {
-            prefill_tps: avg(&|b| b.state.speeds.prefill_tps.get(), PRIOR_PREFILL_TPS),
-            decode_tps: avg(&|b| b.state.speeds.decode_tps.get(), PRIOR_DECODE_TPS),
+            prefill_tps: fastest(&|b| b.state.speeds().prefill_tps.get(), PRIOR_PREFILL_TPS),
+            decode_tps: fastest(&|b| b.state.speeds().decode_tps.get(), PRIOR_DECODE_TPS),
         }
     }
 }
@@ -112,7 +112,7 @@ pub struct Breakdown {
 
 /// Batch slots of a backend, best source first.
 pub fn slots(b: &Backend) -> f64 {
-    let sig = b.state.signals.load();
+    let sig = b.state.signals();
     // What the engine was seen running at most (its real batch limit) beats any announced
     // admission limit (TGI's max_concurrent_requests admits more than it batches).
     // Learned from "running while others wait", which also holds for a moment whenever a
@@ -139,29 +139,29 @@ pub fn slots(b: &Backend) -> f64 {
 /// Expected seconds to finish `req` on `b` (serving it as `model`).
 pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakdown {
     let st = &b.state;
-    let gw_busy = st.inflight_requests.load(Ordering::Relaxed) as f64;
-    let gw_tokens = st.inflight_tokens.load(Ordering::Relaxed) as f64;
-    let pending_requests = st.pending_prefill_requests.load(Ordering::Relaxed) as f64;
+    let gw_busy = st.inflight_requests() as f64;
+    let gw_tokens = st.inflight_tokens() as f64;
+    let pending_requests = st.pending_prefill_requests() as f64;
     // (the counters are read one by one: never more pending than in flight)
-    let pending_tokens = (st.pending_prefill_tokens.load(Ordering::Relaxed) as f64).min(gw_tokens);
-    let sig = st.signals.load();
+    let pending_tokens = (st.pending_prefill_tokens() as f64).min(gw_tokens);
+    let sig = st.signals();
     let engine = sig.fresh().then(|| sig.load_for(model)).flatten();
     let engine_busy = engine.map_or(0.0, |l| l.running + l.waiting);
     let busy = gw_busy.max(engine_busy);
     let slots = slots(b);
 
-    let mut prefill_tps = st.speeds.prefill_tps.get().unwrap_or(prior.prefill_tps);
-    let mut decode_tps = st.speeds.decode_tps.get().unwrap_or(prior.decode_tps);
+    let mut prefill_tps = st.speeds().prefill_tps.get().unwrap_or(prior.prefill_tps);
+    let mut decode_tps = st.speeds().decode_tps.get().unwrap_or(prior.decode_tps);
     // An idle backend whose measurements are old gets the benefit of the doubt, so one bad
     // stretch cannot starve it of the samples that would correct it.
-    let last = st.speeds.last_sample_ms.load(Ordering::Relaxed);
-    if gw_busy < 1.0 && last != 0 && now_ms().saturating_sub(last) > STALE_SPEEDS_MS {
+    let last = st.speeds().last_sample_ms.load(Ordering::Relaxed);
+    if gw_busy < 1.0 && last != 0 && monotonic_ms().saturating_sub(last) > STALE_SPEEDS_MS {
         prefill_tps = prefill_tps.max(prior.prefill_tps);
         decode_tps = decode_tps.max(prior.decode_tps);
     }
     let prefill_tps = prefill_tps.max(1.0);
     let decode_tps = decode_tps.max(0.01);
-    let busy_seen = st.speeds.busy_seen().unwrap_or(busy);
+    let busy_seen = st.speeds().busy_seen().unwrap_or(busy);
     // Decode per token grows with the batch: scale the measured speed from the batch it was
     // seen at to the batch this request would join.
     let decode_now =
@@ -180,7 +180,7 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     };
     let per_request = prefill_work / prefill_tps + decode_work / decode_now;
     let remaining = st
-        .speeds
+        .speeds()
         .service_seconds
         .get()
         .map_or(per_request, |s| s.min(per_request));
@@ -224,8 +224,8 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
 
 /// Whether a request sent to `b` now would wait for a batch slot inside the engine.
 pub fn would_queue(b: &Backend, model: &str) -> bool {
-    let gw = b.state.inflight_requests.load(Ordering::Relaxed) as f64;
-    let sig = b.state.signals.load();
+    let gw = b.state.inflight_requests() as f64;
+    let sig = b.state.signals();
     let engine = sig
         .fresh()
         .then(|| sig.load_for(model))
@@ -240,14 +240,14 @@ pub fn warm(b: &Backend, model: &str) -> Option<bool> {
     if b.kind() != BackendKind::Ollama {
         return None;
     }
-    b.state.signals.load().is_loaded(model)
+    b.state.signals().is_loaded(model)
 }
 
 /// The score inputs of a backend for `/admin/backends`: engine signals, measured speeds, the
 /// gateway's own counters (in flight, pending prefill) and the breakdown of a reference request (1000 prompt + 200 output tokens) on its first model.
 pub fn admin_view(b: &Backend) -> serde_json::Value {
-    let sig = b.state.signals.load();
-    let sp = &b.state.speeds;
+    let sig = b.state.signals();
+    let sp = &b.state.speeds();
     let model = b.model_names().into_iter().next().unwrap_or_default();
     let backend_model = b.serves(&model).unwrap_or(model);
     let reference = breakdown(
@@ -262,7 +262,7 @@ pub fn admin_view(b: &Backend) -> serde_json::Value {
     serde_json::json!({
         "signals": {
             "fresh": sig.fresh(),
-            "age_ms": (sig.at_ms > 0).then(|| crate::fleet::backend::now_ms().saturating_sub(sig.at_ms)),
+            "age_ms": (sig.at_ms > 0).then(|| crate::fleet::backend::monotonic_ms().saturating_sub(sig.at_ms)),
             "running": sig.total.map(|t| t.running),
             "waiting": sig.total.map(|t| t.waiting),
             "kv_cache_usage": sig.total.and_then(|t| t.kv_usage),
@@ -287,10 +287,10 @@ pub fn admin_view(b: &Backend) -> serde_json::Value {
             "home_level": sp.home_level.get(),
         },
         "gateway": {
-            "inflight_requests": b.state.inflight_requests.load(Ordering::Relaxed),
-            "inflight_tokens": b.state.inflight_tokens.load(Ordering::Relaxed),
-            "pending_prefill_requests": b.state.pending_prefill_requests.load(Ordering::Relaxed),
-            "pending_prefill_tokens": b.state.pending_prefill_tokens.load(Ordering::Relaxed),
+            "inflight_requests": b.state.inflight_requests(),
+            "inflight_tokens": b.state.inflight_tokens(),
+            "pending_prefill_requests": b.state.pending_prefill_requests(),
+            "pending_prefill_tokens": b.state.pending_prefill_tokens(),
         },
         "slots": reference.slots,
         "reference_request": reference,
@@ -336,7 +336,7 @@ mod tests {
 
     fn measure(b: &Backend, decode_tps: f64) {
         for _ in 0..10 {
-            b.state.speeds.observe(
+            b.state.speeds().observe(
                 &Observation {
                     prompt_tokens: 1000,
                     completion_tokens: 101,
@@ -378,7 +378,7 @@ mod tests {
         let b = backend(BackendKind::Vllm, None);
         let quiet = breakdown(&b, "m", REQ, PRIOR);
         let mut sig = Signals {
-            at_ms: crate::fleet::backend::now_ms().max(1),
+            at_ms: crate::fleet::backend::monotonic_ms().max(1),
             interval_ms: 1000,
             learned_slots: Some(4),
             ..Signals::default()
@@ -391,17 +391,17 @@ mod tests {
                 kv_usage: Some(0.5),
             },
         );
-        b.state.signals.store(Arc::new(sig));
+        b.state.set_signals(sig);
         let busy = breakdown(&b, "m", REQ, PRIOR);
         assert_eq!(busy.busy, 24.0);
         assert_eq!(busy.queued_ahead, 21.0);
         assert!(busy.wait_seconds > 5.0, "{busy:?}");
         assert!(busy.score > quiet.score * 3.0);
         // a stale snapshot is ignored
-        let mut old = (**b.state.signals.load()).clone();
+        let mut old = (**b.state.signals()).clone();
         old.at_ms = 1;
-        b.state.signals.store(Arc::new(old));
-        if crate::fleet::backend::now_ms() > 10_000 {
+        b.state.set_signals(old);
+        if crate::fleet::backend::monotonic_ms() > 10_000 {
             assert_eq!(breakdown(&b, "m", REQ, PRIOR).busy, 0.0);
         }
     }
@@ -478,9 +478,9 @@ mod tests {
             };
             let mut sig =
                 crate::fleet::signals::merge(&learned, crate::fleet::signals::parse_tgi(&text));
-            sig.at_ms = crate::fleet::backend::now_ms().max(1);
+            sig.at_ms = crate::fleet::backend::monotonic_ms().max(1);
             sig.interval_ms = 1000;
-            b.state.signals.store(Arc::new(sig));
+            b.state.set_signals(sig);
         };
         let full = backend(BackendKind::Tgi, None);
         let room = backend(BackendKind::Tgi, None);
@@ -501,12 +501,12 @@ mod tests {
     #[test]
     fn cold_ollama_pays_a_load_and_weights_divide() {
         let b = backend(BackendKind::Ollama, None);
-        b.state.signals.store(Arc::new(Signals {
-            at_ms: crate::fleet::backend::now_ms().max(1),
+        b.state.set_signals(Signals {
+            at_ms: crate::fleet::backend::monotonic_ms().max(1),
             interval_ms: 1000,
             loaded: Some(vec!["other:latest".into()]),
             ..Signals::default()
-        }));
+        });
         assert_eq!(warm(&b, "m"), Some(false));
         let s = breakdown(&b, "m", REQ, PRIOR);
         assert!(s.penalty_seconds >= COLD_LOAD_SECONDS);
@@ -523,7 +523,7 @@ mod tests {
             kv_usage: Some(0.3),
         };
         let mut sig = Signals {
-            at_ms: crate::fleet::backend::now_ms().max(1),
+            at_ms: crate::fleet::backend::monotonic_ms().max(1),
             interval_ms: 1000,
             // learned when a full KV cache held the batch at 4
             learned_slots: Some(4),
@@ -531,7 +531,7 @@ mod tests {
             ..Signals::default()
         };
         sig.per_model.insert("m".into(), load);
-        b.state.signals.store(Arc::new(sig));
+        b.state.set_signals(sig);
         let s = breakdown(&b, "m", REQ, PRIOR);
         assert_eq!(s.slots, 12.0, "{s:?}");
         // 13 in the engine plus this one on 12 slots: 2 queued ahead, not 10

@@ -17,7 +17,6 @@
 //! script then sends it as a Bearer header).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -50,20 +49,15 @@ pub fn page() -> Response {
     r
 }
 
-/// Whether `query` carries the configured admin token as `token=…` (constant-time compare).
-pub fn query_token_ok(gw: &Gateway, query: Option<&str>) -> bool {
-    let rt = gw.runtime();
-    let Some(token) = rt.config.admin.as_ref().and_then(|a| a.token.as_deref()) else {
-        return true;
-    };
-    let presented = query
+/// The admin token the dashboard's `query` carries as `token=…` (empty when none); the
+/// comparison is [`super::admin_auth::token_matches`]'s.
+pub fn query_token(query: Option<&str>) -> String {
+    query
         .unwrap_or("")
         .split('&')
         .find_map(|kv| kv.strip_prefix("token="))
         .map(percent_decode)
-        .unwrap_or_default();
-    use subtle::ConstantTimeEq;
-    presented.as_bytes().ct_eq(token.as_bytes()).into()
+        .unwrap_or_default()
 }
 
 fn percent_decode(s: &str) -> String {
@@ -200,31 +194,33 @@ pub fn summary(gw: &Gateway) -> Value {
         .backends
         .iter()
         .map(|b| {
-            let name = b.name();
+            let v = b.view(rt.config.health.slow_start);
             let ttft = scraped
                 .ttft_by_backend
-                .get(name)
+                .get(&v.name)
                 .map(sorted)
                 .unwrap_or_default();
-            let used = usage.backends.get(name);
+            let used = usage.backends.get(&v.name);
+            // The dashboard's own names for some view fields: `queue_depth` is the engine's
+            // waiting count, `errors_total` the live failures.
             json!({
-                "name": name,
-                "kind": b.kind().as_str(),
-                "state": b.state.health().as_str(),
-                "draining": b.state.draining.load(Ordering::Relaxed),
-                "models": b.model_names(),
-                "queue_depth": b.state.engine_waiting.load(Ordering::Relaxed),
-                "inflight_requests": b.state.inflight_requests.load(Ordering::Relaxed),
-                "inflight_tokens": b.state.inflight_tokens.load(Ordering::Relaxed),
-                "max_concurrent": b.cap(),
-                "requests_total": b.state.requests_total.load(Ordering::Relaxed),
-                "errors_total": b.state.failures_total.load(Ordering::Relaxed),
+                "name": v.name,
+                "kind": v.kind,
+                "state": v.state,
+                "draining": v.draining,
+                "models": v.models,
+                "queue_depth": v.engine_waiting,
+                "inflight_requests": v.inflight_requests,
+                "inflight_tokens": v.inflight_tokens,
+                "max_concurrent": v.max_concurrent,
+                "requests_total": v.requests_total,
+                "errors_total": v.failures_total,
                 "prompt_tokens_total": used.map_or(0, |u| u.prompt_tokens),
                 "completion_tokens_total": used.map_or(0, |u| u.completion_tokens),
                 "ttft_p50_seconds": quantile(0.5, &ttft),
                 "ttft_p99_seconds": quantile(0.99, &ttft),
                 "ttft_count": ttft.last().map_or(0.0, |b| b.1),
-                "last_error": b.state.track().last_error,
+                "last_error": v.last_error,
             })
         })
         .collect();
@@ -262,7 +258,7 @@ pub fn summary(gw: &Gateway) -> Value {
             || json!({"tenant": name, "limits": Value::Null, "keys": [], "usage": used}),
         );
     }
-    let now_ms = crate::fleet::backend::now_ms();
+    let now_ms = crate::fleet::backend::monotonic_ms();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "now_ms": now_ms,

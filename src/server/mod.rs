@@ -19,6 +19,7 @@
 
 mod accept;
 mod activity;
+pub mod admin_auth;
 pub mod admission;
 mod body;
 mod conn;

@@ -6,13 +6,13 @@
 //! `/healthz` and `/readyz` are served only there. Unknown paths get an OpenAI-shaped 404, a
 //! wrong method a 405.
 //!
-//! Invariants: operations endpoints need the admin token when one is configured, and are
-//! refused outright (403) when they share a non-loopback client listener with no token at all;
+//! Invariants: every operations handler takes [`AdminAuth`] (see [`super::admin_auth`]), so
+//! operations need the admin token when one is configured, and are refused outright (403) when
+//! they share a non-loopback client listener with no token at all;
 //! CORS is off unless `server.cors_allow_origins` is set (then only the client API answers
 //! preflights and carries `Access-Control-*` headers, for the listed origins only; read from
 //! the live config, so a reload applies).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -24,7 +24,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::fleet::Health;
+use super::admin_auth::{ops_exposed_without_token, AdminAuth, AdminRefusal};
+use crate::fleet::{BackendView, Health};
 use crate::gateway::Gateway;
 use crate::openai::{ApiError, Endpoint};
 use crate::proxy;
@@ -53,11 +54,6 @@ pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
     }
     let r = fallbacks(r).layer(axum::middleware::from_fn_with_state(gw.clone(), cors));
     finish(r, gw)
-}
-
-/// Operations on a client listener reachable beyond this host with no admin token: refused.
-fn ops_exposed_without_token(config: &crate::config::Config) -> bool {
-    config.admin.is_none() && !config.server.listen.ip().is_loopback()
 }
 
 /// Response headers a browser page may read (request id, rate limits, retry hints).
@@ -261,71 +257,10 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
     }
 }
 
-/// The admin token check: required when one is configured. Without a token, operations are
-/// open only where the listener serving them is loopback: an `[admin]` listener off loopback
-/// needs a token (config validation), and so do operations sharing a non-loopback client
-/// listener (refused here with 403).
-fn admin_allowed(gw: &Gateway, headers: &HeaderMap) -> Result<(), Response> {
-    let rt = gw.runtime();
-    let Some(token) = rt.config.admin.as_ref().and_then(|a| a.token.as_deref()) else {
-        if ops_exposed_without_token(&rt.config) {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "permission_error",
-                "Operations endpoints are disabled on a non-loopback listener without an admin \
-                 token; configure [admin] with a token (or a loopback admin listener).",
-            )
-            .with_code("admin_token_not_configured")
-            .into_response());
-        }
-        return Ok(());
-    };
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    use subtle::ConstantTimeEq;
-    if presented.as_bytes().ct_eq(token.as_bytes()).into() {
-        Ok(())
-    } else {
-        Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
-            "admin token required",
-        )
-        .with_code("invalid_admin_token")
-        .into_response())
-    }
-}
-
-async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    if let Err(r) = admin_allowed(&gw, &headers) {
-        return r;
-    }
+async fn metrics(State(gw): State<Arc<Gateway>>, _: AdminAuth) -> Response {
     let rt = gw.runtime();
     for b in &rt.fleet.backends {
-        let name = b.name().to_string();
-        metrics::gauge!(m::BACKEND_INFLIGHT_REQUESTS, "backend" => name.clone())
-            .set(b.state.inflight_requests.load(Ordering::Relaxed) as f64);
-        metrics::gauge!(m::BACKEND_INFLIGHT_TOKENS, "backend" => name.clone())
-            .set(b.state.inflight_tokens.load(Ordering::Relaxed) as f64);
-        metrics::gauge!(m::BACKEND_PENDING_PREFILL_REQUESTS, "backend" => name.clone())
-            .set(b.state.pending_prefill_requests.load(Ordering::Relaxed) as f64);
-        metrics::gauge!(m::BACKEND_PENDING_PREFILL_TOKENS, "backend" => name.clone())
-            .set(b.state.pending_prefill_tokens.load(Ordering::Relaxed) as f64);
-        metrics::counter!(m::EJECTIONS_TOTAL, "backend" => name.clone())
-            .absolute(u64::from(b.state.track().ejections));
-        if let Some(cap) = b.cap() {
-            metrics::gauge!(m::BACKEND_MAX_CONCURRENT, "backend" => name.clone()).set(cap as f64);
-        }
-        metrics::gauge!(m::BACKEND_SLOW_START_SHARE, "backend" => name.clone())
-            .set(b.state.slow_start_share(rt.config.health.slow_start));
-        let current = b.state.health();
-        for h in Health::ALL {
-            metrics::gauge!(m::BACKEND_STATE, "backend" => name.clone(), "state" => h.as_str())
-                .set(if h == current { 1.0 } else { 0.0 });
-        }
+        backend_gauges(b.view(rt.config.health.slow_start));
     }
     let body = m::handle().render();
     (
@@ -338,86 +273,77 @@ async fn metrics(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response
         .into_response()
 }
 
-/// The fleet, gateway totals and tenants' usage against their limits (the dashboard's data).
-async fn admin_summary(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    if let Err(r) = admin_allowed(&gw, &headers) {
-        return r;
+/// The per-backend gauges, set from the backend's view when `/metrics` is scraped.
+fn backend_gauges(v: BackendView) {
+    let name = v.name;
+    metrics::gauge!(m::BACKEND_INFLIGHT_REQUESTS, "backend" => name.clone())
+        .set(v.inflight_requests as f64);
+    metrics::gauge!(m::BACKEND_INFLIGHT_TOKENS, "backend" => name.clone())
+        .set(v.inflight_tokens as f64);
+    metrics::gauge!(m::BACKEND_PENDING_PREFILL_REQUESTS, "backend" => name.clone())
+        .set(v.pending_prefill_requests as f64);
+    metrics::gauge!(m::BACKEND_PENDING_PREFILL_TOKENS, "backend" => name.clone())
+        .set(v.pending_prefill_tokens as f64);
+    metrics::counter!(m::EJECTIONS_TOTAL, "backend" => name.clone())
+        .absolute(u64::from(v.ejections));
+    if let Some(cap) = v.max_concurrent {
+        metrics::gauge!(m::BACKEND_MAX_CONCURRENT, "backend" => name.clone()).set(cap as f64);
     }
+    metrics::gauge!(m::BACKEND_SLOW_START_SHARE, "backend" => name.clone()).set(v.slow_start_share);
+    for h in Health::ALL {
+        metrics::gauge!(m::BACKEND_STATE, "backend" => name.clone(), "state" => h.as_str())
+            .set(if h == v.health { 1.0 } else { 0.0 });
+    }
+}
+
+/// The fleet, gateway totals and tenants' usage against their limits (the dashboard's data).
+async fn admin_summary(State(gw): State<Arc<Gateway>>, _: AdminAuth) -> Response {
     Json(super::dashboard::summary(&gw)).into_response()
 }
 
 /// The status page; the admin token may come as a Bearer header or as `?token=`.
-async fn dashboard(State(gw): State<Arc<Gateway>>, headers: HeaderMap, uri: Uri) -> Response {
-    if let Err(r) = admin_allowed(&gw, &headers) {
-        // `query_token_ok` is true when no token is configured: only a configured token may
-        // stand in for the header.
-        let has_token = gw
-            .runtime()
-            .config
-            .admin
-            .as_ref()
-            .is_some_and(|a| a.token.is_some());
-        if !has_token || !super::dashboard::query_token_ok(&gw, uri.query()) {
-            return r;
-        }
+async fn dashboard(auth: Result<AdminAuth, AdminRefusal>, uri: Uri) -> Response {
+    let presented = super::dashboard::query_token(uri.query());
+    match auth.or_else(|refused| refused.or_query_token(&presented)) {
+        Ok(_) => super::dashboard::page(),
+        Err(refused) => refused.into_response(),
     }
-    super::dashboard::page()
 }
 
 /// Usage per key, tenant, model and backend since the process started (survives reloads).
-async fn admin_usage(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    if let Err(r) = admin_allowed(&gw, &headers) {
-        return r;
-    }
+async fn admin_usage(State(gw): State<Arc<Gateway>>, _: AdminAuth) -> Response {
     Json(gw.limits.usage_report()).into_response()
 }
 
-async fn admin_backends(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    if let Err(r) = admin_allowed(&gw, &headers) {
-        return r;
-    }
+/// One entry of `/admin/backends`: the backend's view, and what the gateway knows of it.
+#[derive(serde::Serialize)]
+struct AdminBackend {
+    #[serde(flatten)]
+    view: BackendView,
+    routing: serde_json::Value,
+    source: &'static str,
+    registration: Option<serde_json::Value>,
+}
+
+async fn admin_backends(State(gw): State<Arc<Gateway>>, _: AdminAuth) -> Response {
     let rt = gw.runtime();
-    let now = crate::fleet::backend::now_ms();
     let backends: Vec<_> = rt
         .fleet
         .backends
         .iter()
-        .map(|b| {
-            let t = b.state.track();
-            json!({
-                "name": b.name(),
-                "kind": b.kind().as_str(),
-                "url": b.config.url.to_string(),
-                "state": b.state.health().as_str(),
-                "models": b.model_names(),
-                "inflight_requests": b.state.inflight_requests.load(Ordering::Relaxed),
-                "inflight_tokens": b.state.inflight_tokens.load(Ordering::Relaxed),
-                "requests_total": b.state.requests_total.load(Ordering::Relaxed),
-                "failures_total": b.state.failures_total.load(Ordering::Relaxed),
-                "consecutive_failures": t.live_fail_streak,
-                "ejections": t.ejections,
-                "ejected_for_ms": t.ejected_until_ms.saturating_sub(now),
-                "skipped_for_ms": b.state.skip_until_ms.load(Ordering::Relaxed).saturating_sub(now),
-                "last_error": t.last_error,
-                "weight": b.config.weight,
-                "max_concurrent": b.cap(),
-                "slow_start_share": b.state.slow_start_share(rt.config.health.slow_start),
-                "engine_waiting": b.state.engine_waiting.load(Ordering::Relaxed),
-                "routing": crate::routing::score::admin_view(b),
-                "ever_healthy": t.ever_healthy,
-                "probe_ok_streak": t.probe_ok_streak,
-                "probe_fail_streak": t.probe_fail_streak,
-                "busy_streak": t.busy_streak,
-                "state_for_ms": now.saturating_sub(t.last_change_ms),
-                "last_probe_ms_ago": (t.last_probe_ms > 0).then(|| now.saturating_sub(t.last_probe_ms)),
-                "source": member_source(&gw, &rt, b.name()),
-                "registration": gw.registrations.info(b.name()).map(|r| json!({
+        .map(|b| AdminBackend {
+            view: b.view(rt.config.health.slow_start),
+            routing: crate::routing::score::admin_view(b),
+            source: member_source(&gw, &rt, b.name()),
+            registration: gw.registrations.info(b.name()).map(|r| {
+                json!({
                     "ttl_ms": r.ttl.as_millis() as u64,
                     "expires_in_ms": r.expires_in.as_millis() as u64,
-                })),
-            })
+                })
+            }),
         })
         .collect();
+    // Through a JSON value, as always: its keys come out sorted.
     Json(json!({ "backends": backends, "queue_depth": gw.queue.len() })).into_response()
 }
 
@@ -435,13 +361,10 @@ fn member_source(gw: &Gateway, rt: &crate::gateway::Runtime, name: &str) -> &'st
 /// `POST /admin/backends`: register (or re-register) a backend with a TTL.
 async fn register_backend(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
+    _: AdminAuth,
     body: axum::body::Bytes,
 ) -> Response {
     use crate::fleet::registration::{RegisterError, RegisterRequest};
-    if let Err(r) = admin_allowed(&gw, &headers) {
-        return r;
-    }
     let req: RegisterRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -481,11 +404,8 @@ async fn register_backend(
 async fn heartbeat_backend(
     State(gw): State<Arc<Gateway>>,
     Path(name): Path<String>,
-    headers: HeaderMap,
+    _: AdminAuth,
 ) -> Response {
-    if let Err(r) = admin_allowed(&gw, &headers) {
-        return r;
-    }
     match gw.registrations.heartbeat(&name) {
         Some(ttl) => Json(json!({"name": name, "ttl_ms": ttl.as_millis() as u64})).into_response(),
         None => not_registered(&name),
@@ -496,11 +416,8 @@ async fn heartbeat_backend(
 async fn deregister_backend(
     State(gw): State<Arc<Gateway>>,
     Path(name): Path<String>,
-    headers: HeaderMap,
+    _: AdminAuth,
 ) -> Response {
-    if let Err(r) = admin_allowed(&gw, &headers) {
-        return r;
-    }
     if !gw.registrations.deregister(&name) {
         return not_registered(&name);
     }
