@@ -5,6 +5,7 @@
 //! - [`config`]: the TOML file, `${ENV}` interpolation, validation into the runtime [`Config`].
 //! - [`server`]: accept loop, HTTP/1.1 + HTTP/2, the HTTP surface, TLS, graceful drain.
 //! - [`openai`]: the request fields routing reads, OpenAI-shaped errors, byte-level JSON edits.
+//! - [`api`]: the client-API seam: one file per client API (chat, completions, embeddings).
 //! - [`auth`]: API keys (stored as SHA-256 hashes) and the tenants they belong to.
 //! - [`limits`]: per-key and per-tenant limits: admission, reservation, reconciliation.
 //! - [`fleet`]: backends, their live state and load counters, health probes, model discovery.
@@ -23,6 +24,7 @@
 // Errors here are OpenAI error bodies on the cold path; boxing them would buy nothing measurable.
 #![allow(clippy::result_large_err)]
 
+pub mod api;
 pub mod auth;
 pub mod config;
 pub mod demo;

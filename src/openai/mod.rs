@@ -9,4 +9,4 @@ pub mod error;
 pub mod request;
 
 pub use error::ApiError;
-pub use request::{Endpoint, RequestFields};
+pub use request::{PromptField, RequestFields};
