@@ -423,14 +423,14 @@ fn transport_failure(backend: &str, e: &AttemptError) -> ApiError {
 /// The one classification of what an attempt got back: `Err` (retry elsewhere with this
 /// failure: no head, or a retryable status while attempts are left) or `Ok` (answer the
 /// client). Records what it says about the backend's health.
-async fn classify(
+async fn classify<B: UpstreamBody>(
     config: &Config,
     backend: &Backend,
-    sent: Result<http::Response<Incoming>, AttemptError>,
+    sent: Result<http::Response<B>, AttemptError>,
     retries_left: bool,
     body_deadline: tokio::time::Instant,
     record: &AccessRecord,
-) -> Result<http::Response<Incoming>, ApiError> {
+) -> Result<http::Response<B>, ApiError> {
     let resp = match sent {
         Ok(resp) => resp,
         Err(e) => {
@@ -805,10 +805,15 @@ fn finish_record(record: &mut AccessRecord) {
     taken.finish();
 }
 
+/// A backend's response body ([`Incoming`]; generic so the classification can be driven
+/// without a connection).
+trait UpstreamBody: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Unpin {}
+impl<B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Unpin> UpstreamBody for B {}
+
 /// Read a body up to `limit` bytes, allowing at most `idle` between frames and ending by
 /// `deadline`.
-async fn read_capped(
-    body: hyper::body::Incoming,
+async fn read_capped<B: UpstreamBody>(
+    body: B,
     limit: usize,
     idle: Duration,
     deadline: tokio::time::Instant,
@@ -831,5 +836,120 @@ async fn read_capped(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::Health;
+
+    #[test]
+    fn statuses_retry_or_answer_busy_or_failing() {
+        use Said::*;
+        // (status, retry while attempts are left, retry on the last attempt, what it says)
+        let cases = [
+            (200, false, false, Working),
+            (201, false, false, Working),
+            (400, false, false, Working),
+            (401, false, false, Working),
+            (404, false, false, Working),
+            (413, false, false, Working),
+            (422, false, false, Working),
+            (429, true, false, Busy),
+            (500, false, false, Failing),
+            (501, false, false, Failing),
+            (502, true, false, Failing),
+            (503, true, false, Busy),
+            (504, true, false, Failing),
+        ];
+        for (code, retry, retry_last, said) in cases {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert_eq!(judge(status, true), (retry, said), "{code}");
+            assert_eq!(judge(status, false), (retry_last, said), "{code} (last)");
+        }
+    }
+
+    #[test]
+    fn failures_without_a_head_are_502_or_504() {
+        let timeout = transport_failure("b", &AttemptError::Timeout(Duration::from_secs(2)));
+        assert_eq!(
+            (timeout.status, timeout.code.as_deref()),
+            (StatusCode::GATEWAY_TIMEOUT, Some("backend_timeout"))
+        );
+        for (e, label) in [
+            (AttemptError::Connect("refused".into()), "connect"),
+            (AttemptError::Transport("reset".into()), "transport"),
+            (AttemptError::Build("uri".into()), "build"),
+        ] {
+            let err = transport_failure("b", &e);
+            assert_eq!(err.status, StatusCode::BAD_GATEWAY);
+            assert_eq!(err.message, format!("Backend `b` failed: {label}"));
+        }
+    }
+
+    /// A config with one vLLM backend, and that backend.
+    fn one_backend() -> (Config, Arc<Backend>) {
+        let config = crate::config::from_str(
+            "[[backends]]\nname = \"b\"\nkind = \"vllm\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\napi_key = \"sk-be\"\n",
+            "t",
+        )
+        .unwrap();
+        let backend = Arc::new(Backend::new(
+            config.backends[0].clone(),
+            Arc::new(crate::fleet::BackendState::new()),
+        ));
+        (config, backend)
+    }
+
+    fn answer(code: u16, body: &'static str) -> Result<http::Response<Full<Bytes>>, AttemptError> {
+        Ok(http::Response::builder()
+            .status(code)
+            .header("retry-after", "7")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap())
+    }
+
+    async fn run(
+        sent: Result<http::Response<Full<Bytes>>, AttemptError>,
+        retries_left: bool,
+    ) -> (Result<StatusCode, ApiError>, Health) {
+        let (config, backend) = one_backend();
+        let record = AccessRecord::new("r".into(), "chat", Instant::now());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let verdict = classify(&config, &backend, sent, retries_left, deadline, &record).await;
+        (verdict.map(|r| r.status()), backend.state.health())
+    }
+
+    #[tokio::test]
+    async fn one_classification_of_an_attempt() {
+        // A busy answer goes elsewhere with the backend's error, and the backend is overloaded.
+        let (verdict, health) = run(answer(429, r#"{"error":"slow down sk-be"}"#), true).await;
+        let err = verdict.unwrap_err();
+        assert_eq!(err.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(!err.message.contains("sk-be"), "{}", err.message);
+        assert_eq!(health, Health::Overloaded);
+        // The same on the last attempt is the client's answer; the backend is still busy.
+        let (verdict, health) = run(answer(503, "busy"), false).await;
+        assert_eq!(verdict.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(health, Health::Overloaded);
+        // A failing answer goes elsewhere but does not make the backend overloaded.
+        let (verdict, health) = run(answer(502, "bad"), true).await;
+        assert_eq!(verdict.unwrap_err().status, StatusCode::BAD_GATEWAY);
+        assert_ne!(health, Health::Overloaded);
+        // Answers the client gets as they are: success, client errors, other server errors.
+        for code in [200, 400, 404, 500] {
+            let (verdict, health) = run(answer(code, "{}"), true).await;
+            assert_eq!(verdict.unwrap().as_u16(), code);
+            assert_ne!(health, Health::Overloaded, "{code}");
+        }
+        // No head: always elsewhere, even on the last attempt; a failure, never "busy".
+        let refused = Err(AttemptError::Connect("refused".into()));
+        let (verdict, health) = run(refused, false).await;
+        assert_eq!(verdict.unwrap_err().status, StatusCode::BAD_GATEWAY);
+        assert_ne!(health, Health::Overloaded);
+        let timeout = Err(AttemptError::Timeout(Duration::from_secs(1)));
+        let (verdict, _) = run(timeout, true).await;
+        assert_eq!(verdict.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
     }
 }
