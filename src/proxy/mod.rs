@@ -134,7 +134,7 @@ async fn proxy(
             }
         }
     }
-    Err(no_answer(last_failure, &prepared))
+    Err(no_answer(last_failure, prepared))
 }
 
 /// What [`prepare`] read and decided: everything the attempts need, read once.
@@ -576,6 +576,8 @@ fn settlement(
 /// settlement that runs when it is over.
 type AnswerParts = (StatusCode, HeaderMap, Incoming, Edits, Settle);
 
+/// Whether the backend answered with an event stream (a backend may answer a stream request
+/// with a whole JSON body; it is then read whole).
 fn is_sse(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
@@ -670,7 +672,7 @@ fn broken_answer(
 
 /// The answer when every attempt was spent: the last failure (a busy one with a
 /// `Retry-After`), or "no backend" when none could be tried.
-fn no_answer(last_failure: Option<ApiError>, p: &Prepared) -> ApiError {
+fn no_answer(last_failure: Option<ApiError>, p: Prepared) -> ApiError {
     let mut err = match last_failure {
         Some(mut e) => {
             if e.status == StatusCode::TOO_MANY_REQUESTS
@@ -682,7 +684,7 @@ fn no_answer(last_failure: Option<ApiError>, p: &Prepared) -> ApiError {
         }
         None => ApiError::no_backend(&p.fields.model, NO_BACKEND_RETRY_AFTER),
     };
-    err.headers.extend(p.limit_headers.clone());
+    err.headers.extend(p.limit_headers);
     err
 }
 
