@@ -1,12 +1,12 @@
 //! The client-API seam: everything that differs between the client APIs Sluice serves, behind
 //! one trait, one file per API.
 //!
-//! The request path ([`crate::proxy`]) and the stream observer ([`crate::proxy::observe`]) know
-//! no API by name: they ask the request's [`ClientApi`] where the routed fields are, how the
-//! model name is put in and taken back out, whether stream usage must be forced, what an event
-//! or a whole answer says about usage and output, how an error is shaped for this API's
-//! clients, and which backends speak it. The shared mechanisms stay shared: byte splicing
-//! ([`crate::openai::edit`]), the SSE reader ([`crate::proxy::sse`]), the observer's streaming
+//! The request path (`proxy`) and the stream observer (`proxy::observe`), both above this
+//! layer, know no API by name: they ask the request's [`ClientApi`] where the routed fields
+//! are, how the model name is put in and taken back out, whether stream usage must be forced,
+//! what an event or a whole answer says about usage and output, how an error is shaped for this
+//! API's clients, and which backends speak it. The shared mechanisms stay shared: byte splicing
+//! ([`crate::openai::edit`]), the SSE reader (`proxy::sse`), the observer's streaming
 //! machinery, and the OpenAI response shapes the three OpenAI APIs have in common ([`wire`]).
 //!
 //! | API | file | path | label |
@@ -53,6 +53,8 @@ use bytes::Bytes;
 use crate::config::BackendKind;
 use crate::openai::edit::Splice;
 use crate::openai::{ApiError, RequestFields};
+// Until `Usage` moves down to the OpenAI vocabulary (`openai::usage`), it is read from the
+// settlement that defines it.
 pub use crate::proxy::observe::Usage;
 
 pub use chat::CHAT;

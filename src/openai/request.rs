@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use super::ApiError;
 
 /// The member that holds an OpenAI request's prompt; which one is each client API's answer
-/// ([`crate::api::ClientApi::parse`]).
+/// (`api::ClientApi::parse`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PromptField {
     /// `messages` (chat completions): an array of `{role, content}` objects.
