@@ -614,3 +614,121 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod seam_tests {
+    use super::*;
+    use crate::api::{wire, TokenizeForm, CHAT};
+    use crate::openai::edit::Splice;
+    use crate::openai::RequestFields;
+    use axum::response::Response;
+
+    /// An API whose stream has no end marker and whose terminal error is a typed event (as the
+    /// next APIs have): the observer follows it without knowing it.
+    struct Typed;
+
+    impl ClientApi for Typed {
+        fn path(&self) -> &'static str {
+            "/typed"
+        }
+        fn label(&self) -> &'static str {
+            "typed"
+        }
+        fn parse(&self, body: &[u8]) -> Result<RequestFields, ApiError> {
+            CHAT.parse(body)
+        }
+        fn streams(&self, fields: &RequestFields) -> bool {
+            fields.stream
+        }
+        fn expected_output(&self, _: &RequestFields, default: u64) -> u64 {
+            default
+        }
+        fn rename_model(&self, fields: &RequestFields, to: &str) -> Splice {
+            CHAT.rename_model(fields, to)
+        }
+        fn force_stream_usage(&self, _: &[u8], _: &RequestFields) -> Option<Splice> {
+            None
+        }
+        fn inspect(&self, data: &[u8]) -> Seen {
+            let mut seen = wire::inspect(data);
+            seen.done = data.starts_with(br#"{"type":"done""#);
+            seen
+        }
+        fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
+            wire::whole_usage(json)
+        }
+        fn edit(&self, json: &[u8], edits: &Edits) -> Option<Bytes> {
+            wire::edit_json(json, edits)
+        }
+        fn end_event(&self) -> Option<&'static [u8]> {
+            None
+        }
+        fn stream_error_event(&self, err: &ApiError) -> Bytes {
+            Bytes::from(format!("event: error\ndata: {}\n\n", err.body_json()))
+        }
+        fn error_response(&self, err: ApiError) -> Response {
+            wire::error_response(err)
+        }
+        fn id_prefix(&self) -> &'static str {
+            "typed-"
+        }
+        fn native(&self, _: crate::config::BackendKind) -> bool {
+            true
+        }
+        fn tokenize_form(&self, _: &[u8]) -> Option<TokenizeForm> {
+            None
+        }
+    }
+
+    static TYPED: &dyn ClientApi = &Typed;
+
+    async fn observe(stream: &'static [u8], edits: Edits) -> String {
+        use http_body_util::BodyExt;
+        let config = crate::config::from_str(
+            "[[backends]]\nname = \"b\"\nkind = \"vllm\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n",
+            "t",
+        )
+        .unwrap();
+        let backend = Arc::new(Backend::new(
+            config.backends[0].clone(),
+            Arc::new(crate::fleet::BackendState::new()),
+        ));
+        let observed = ObservedStream::new(
+            TYPED,
+            http_body_util::Full::new(Bytes::from_static(stream)),
+            edits,
+            Duration::from_secs(60),
+            backend,
+            config.health.clone(),
+            Settle::new(AccessRecord::new("r".into(), "typed", Instant::now())),
+        );
+        let out = observed.collect().await.unwrap().to_bytes();
+        String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_observer_follows_the_api_it_is_given() {
+        let whole = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"type\":\"done\"}\n\n";
+        // Its own end event ends the stream; no `[DONE]` is added, edited or not.
+        for edits in [
+            Edits::default(),
+            Edits {
+                rename_model: Some("x".into()),
+                ..Edits::default()
+            },
+        ] {
+            let out = observe(whole, edits).await;
+            assert!(out.ends_with("data: {\"type\":\"done\"}\n\n"), "{out}");
+            assert!(!out.contains("[DONE]"), "{out}");
+        }
+        // Cut before its end: its own terminal error event, nothing after it.
+        let out = observe(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
+            Edits::default(),
+        )
+        .await;
+        assert!(out.contains("\"hi\""), "{out}");
+        assert!(out.ends_with("\n\n") && out.contains("event: error\ndata: {\"error\":"));
+        assert!(!out.contains("[DONE]"), "{out}");
+    }
+}
