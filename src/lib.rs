@@ -12,7 +12,7 @@
 //! 4. [`config`]: the TOML file, `${ENV}` interpolation, validation into the runtime [`Config`].
 //! 5. [`openai`]: the OpenAI wire vocabulary: request fields, errors, byte-level JSON edits,
 //!    usage.
-//! 6. `api`: the client-API seam, one file per client API.
+//! 6. [`api`]: the client-API seam, one file per client API.
 //! 7. [`upstream`]: the HTTP client to backends: per-thread pools, backend TLS per fleet, send.
 //! 8. [`fleet`]: backends, their live state and load guards, health probes, signals, discovery,
 //!    the wait queue.
@@ -37,6 +37,7 @@
 // Errors here are OpenAI error bodies on the cold path; boxing them would buy nothing measurable.
 #![allow(clippy::result_large_err)]
 
+pub mod api;
 pub mod app;
 pub mod auth;
 pub mod config;

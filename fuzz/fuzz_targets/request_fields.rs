@@ -8,13 +8,14 @@ use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use serde::de::IgnoredAny;
 use sluice::openai::edit;
-use sluice::openai::request::{parse, Endpoint, RequestFields};
+use sluice::api::{CHAT, COMPLETIONS, EMBEDDINGS};
+use sluice::openai::RequestFields;
 
 /// Names the body is renamed to: plain, needing escapes, non-ASCII.
 const RENAMES: &[&str] = &["llama3.1:8b", "a\"b\\c\n\u{2028}", "ü/モデル", ""];
 
 fn same_routing(a: &RequestFields, b: &RequestFields) {
-    assert_eq!(a.endpoint, b.endpoint);
+    assert_eq!(a.prompt_field, b.prompt_field);
     assert_eq!(a.stream, b.stream);
     assert_eq!(a.max_tokens, b.max_tokens);
     assert_eq!(a.n, b.n);
@@ -26,12 +27,12 @@ fuzz_target!(|data: &[u8]| {
     let Some((&sel, body)) = data.split_first() else {
         return;
     };
-    let endpoint = match sel % 3 {
-        0 => Endpoint::Chat,
-        1 => Endpoint::Completions,
-        _ => Endpoint::Embeddings,
+    let api = match sel % 3 {
+        0 => CHAT,
+        1 => COMPLETIONS,
+        _ => EMBEDDINGS,
     };
-    let Ok(fields) = parse(endpoint, body) else {
+    let Ok(fields) = api.parse(body) else {
         return;
     };
 
@@ -74,7 +75,7 @@ fuzz_target!(|data: &[u8]| {
         // An empty model is (rightly) refused by the reader; the JSON is still valid.
         return;
     }
-    let again = parse(endpoint, &out).unwrap_or_else(|e| {
+    let again = api.parse(&out).unwrap_or_else(|e| {
         panic!(
             "edited body is refused ({e}): {:?}",
             String::from_utf8_lossy(&out)

@@ -87,6 +87,7 @@ fn observe(chunks: Vec<Bytes>, edits: &Edits) -> Observed {
     // The idle timer needs the runtime, so the stream is made inside it.
     let out = s.rt.block_on(async move {
         let body = ObservedStream::new(
+            sluice::api::CHAT,
             Chunks(chunks.into()),
             edits,
             Duration::from_secs(3600),

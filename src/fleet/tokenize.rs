@@ -23,8 +23,8 @@ use serde::Deserialize;
 
 use super::backend::CallError;
 use super::Backend;
+use crate::api::{ClientApi, TokenizeForm};
 use crate::config::BackendKind;
-use crate::openai::Endpoint;
 use crate::telemetry::metrics as m;
 
 /// Largest tokenizer answer read: the ids of a 1M-token prompt.
@@ -67,14 +67,13 @@ enum Form {
     TgiInputs,
 }
 
-/// How a backend of `kind` can count the prompt of `endpoint` (its raw JSON value); `None`
-/// when it cannot.
-fn form(kind: BackendKind, endpoint: Endpoint, prompt: &[u8]) -> Option<Form> {
-    let is_string = prompt.first() == Some(&b'"');
-    match (kind, endpoint) {
-        (BackendKind::Vllm, Endpoint::Chat) => Some(Form::VllmChat),
-        (BackendKind::Vllm, Endpoint::Completions) if is_string => Some(Form::VllmPrompt),
-        (BackendKind::Tgi, Endpoint::Completions) if is_string => Some(Form::TgiInputs),
+/// How a backend of `kind` can count a prompt the request's API can put in `wanted` form
+/// ([`ClientApi::tokenize_form`]); `None` when it cannot.
+fn form(kind: BackendKind, wanted: Option<TokenizeForm>) -> Option<Form> {
+    match (kind, wanted?) {
+        (BackendKind::Vllm, TokenizeForm::ChatMessages) => Some(Form::VllmChat),
+        (BackendKind::Vllm, TokenizeForm::Prompt) => Some(Form::VllmPrompt),
+        (BackendKind::Tgi, TokenizeForm::Prompt) => Some(Form::TgiInputs),
         _ => None,
     }
 }
@@ -126,14 +125,15 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 /// or `input`.
 pub async fn count(
     candidates: &[(Arc<Backend>, String)],
-    endpoint: Endpoint,
+    api: &dyn ClientApi,
     prompt: &[u8],
     timeout: Duration,
 ) -> Result<u64, TokenizeError> {
+    let wanted = api.tokenize_form(prompt);
     let capable: Vec<(&Backend, &str, Form)> = candidates
         .iter()
         .filter(|(b, _)| b.state.routable())
-        .filter_map(|(b, m)| Some((&**b, m.as_str(), form(b.kind(), endpoint, prompt)?)))
+        .filter_map(|(b, m)| Some((&**b, m.as_str(), form(b.kind(), wanted)?)))
         .collect();
     if capable.is_empty() {
         m::tokenize_request("-", TokenizeError::NoBackend.label());
@@ -177,9 +177,10 @@ async fn ask(backend: &Backend, question: Vec<u8>) -> Result<u64, TokenizeError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{CHAT, COMPLETIONS, EMBEDDINGS};
 
-    fn q(kind: BackendKind, endpoint: Endpoint, prompt: &str) -> Option<serde_json::Value> {
-        form(kind, endpoint, prompt.as_bytes()).map(|f| {
+    fn q(kind: BackendKind, api: &dyn ClientApi, prompt: &str) -> Option<serde_json::Value> {
+        form(kind, api.tokenize_form(prompt.as_bytes())).map(|f| {
             serde_json::from_slice(&question(f, "llama \"3\"", prompt.as_bytes()))
                 .expect("valid JSON")
         })
@@ -188,20 +189,20 @@ mod tests {
     #[test]
     fn questions_by_kind_and_endpoint() {
         let msgs = r#"[{"role":"user","content":"hi \"there\""}]"#;
-        let v = q(BackendKind::Vllm, Endpoint::Chat, msgs).unwrap();
+        let v = q(BackendKind::Vllm, CHAT, msgs).unwrap();
         assert_eq!(v["model"], "llama \"3\"");
         assert_eq!(v["add_generation_prompt"], true);
         assert_eq!(v["messages"][0]["content"], "hi \"there\"");
-        let v = q(BackendKind::Vllm, Endpoint::Completions, r#""once upon""#).unwrap();
+        let v = q(BackendKind::Vllm, COMPLETIONS, r#""once upon""#).unwrap();
         assert_eq!(v["prompt"], "once upon");
-        let v = q(BackendKind::Tgi, Endpoint::Completions, r#""once upon""#).unwrap();
+        let v = q(BackendKind::Tgi, COMPLETIONS, r#""once upon""#).unwrap();
         assert_eq!(v, serde_json::json!({"inputs": "once upon"}));
         // no template on TGI's /tokenize; token-id and batched prompts; no tokenizer at all
-        assert!(q(BackendKind::Tgi, Endpoint::Chat, msgs).is_none());
-        assert!(q(BackendKind::Vllm, Endpoint::Completions, "[1,2,3]").is_none());
-        assert!(q(BackendKind::Vllm, Endpoint::Embeddings, r#""x""#).is_none());
-        assert!(q(BackendKind::Ollama, Endpoint::Chat, msgs).is_none());
-        assert!(q(BackendKind::OpenAi, Endpoint::Chat, msgs).is_none());
+        assert!(q(BackendKind::Tgi, CHAT, msgs).is_none());
+        assert!(q(BackendKind::Vllm, COMPLETIONS, "[1,2,3]").is_none());
+        assert!(q(BackendKind::Vllm, EMBEDDINGS, r#""x""#).is_none());
+        assert!(q(BackendKind::Ollama, CHAT, msgs).is_none());
+        assert!(q(BackendKind::OpenAi, CHAT, msgs).is_none());
     }
 
     #[test]

@@ -103,14 +103,14 @@ pub fn top_level_model_span(json: &[u8]) -> Option<Range<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::openai::request::{parse, Endpoint};
+    use crate::openai::request::{parse, PromptField};
 
     #[test]
     fn rename_keeps_everything_else() {
         let body = Bytes::from_static(
             br#"{ "messages":[{"role":"user","content":"hi"}], "model" : "llama3", "x":1}"#,
         );
-        let f = parse(Endpoint::Chat, &body).unwrap();
+        let f = parse(PromptField::Messages, &body).unwrap();
         let out = apply(&body, vec![rename_model(&f, "llama3.1:8b")]);
         assert_eq!(
             &out[..],
@@ -123,7 +123,7 @@ mod tests {
         let body = Bytes::from_static(
             br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}"#,
         );
-        let f = parse(Endpoint::Chat, &body).unwrap();
+        let f = parse(PromptField::Messages, &body).unwrap();
         let out = apply(
             &body,
             vec![
@@ -136,14 +136,14 @@ mod tests {
         assert_eq!(v["model"], "z");
 
         let body = Bytes::from_static(br#"{"model":"m","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true},"messages":[{"role":"user","content":"x"}]}"#);
-        let f = parse(Endpoint::Chat, &body).unwrap();
+        let f = parse(PromptField::Messages, &body).unwrap();
         let out = apply(&body, vec![force_include_usage(&body, &f).unwrap()]);
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(v["stream_options"]["continuous_usage_stats"], true);
 
         let body = Bytes::from_static(br#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}"#);
-        let f = parse(Endpoint::Chat, &body).unwrap();
+        let f = parse(PromptField::Messages, &body).unwrap();
         assert!(force_include_usage(&body, &f).is_none());
     }
 

@@ -10,4 +10,4 @@ pub mod request;
 pub mod usage;
 
 pub use error::ApiError;
-pub use request::{Endpoint, RequestFields};
+pub use request::{PromptField, RequestFields};

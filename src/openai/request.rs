@@ -13,32 +13,16 @@ use serde_json::value::RawValue;
 
 use super::ApiError;
 
-/// The inference endpoints Sluice forwards.
+/// The member that holds an OpenAI request's prompt; which one is each client API's answer
+/// (`api::ClientApi::parse`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Endpoint {
-    Chat,
-    Completions,
-    Embeddings,
-}
-
-impl Endpoint {
-    /// The path on an OpenAI-compatible server.
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "/v1/chat/completions",
-            Endpoint::Completions => "/v1/completions",
-            Endpoint::Embeddings => "/v1/embeddings",
-        }
-    }
-
-    /// Low-cardinality label for metrics and logs.
-    pub fn label(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "chat",
-            Endpoint::Completions => "completions",
-            Endpoint::Embeddings => "embeddings",
-        }
-    }
+pub enum PromptField {
+    /// `messages` (chat completions): an array of `{role, content}` objects.
+    Messages,
+    /// `prompt` (completions): a string or an array.
+    Prompt,
+    /// `input` (embeddings): a string or an array.
+    Input,
 }
 
 /// Largest `max_tokens` accepted; anything above is a client error, not a backend's problem.
@@ -56,7 +40,8 @@ const REPLY_PRIMING_TOKENS: u64 = 3;
 /// What the gateway knows about a request before choosing a backend.
 #[derive(Debug, Clone)]
 pub struct RequestFields {
-    pub endpoint: Endpoint,
+    /// Where the prompt was read from.
+    pub prompt_field: PromptField,
     pub model: String,
     /// Byte span of the `model` value (quotes included) in the body.
     pub model_span: Range<usize>,
@@ -84,16 +69,6 @@ pub struct RequestFields {
     pub object_start: usize,
     /// Whether the body's object has at least one member (always true once `model` is known).
     pub has_members: bool,
-}
-
-impl RequestFields {
-    /// Expected output tokens when the client gave no limit.
-    pub fn expected_output(&self, default: u64) -> u64 {
-        match self.endpoint {
-            Endpoint::Embeddings => 0,
-            _ => self.max_tokens.unwrap_or(default).saturating_mul(self.n),
-        }
-    }
 }
 
 #[derive(Deserialize)]
@@ -147,8 +122,8 @@ const ROLES: &[&str] = &[
     "developer",
 ];
 
-/// Parse and validate the routed fields of `body` for `endpoint`.
-pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError> {
+/// Parse and validate the routed fields of `body`, its prompt in `prompt_field`.
+pub fn parse(prompt_field: PromptField, body: &[u8]) -> Result<RequestFields, ApiError> {
     let trimmed_start = body
         .iter()
         .position(|b| !b.is_ascii_whitespace())
@@ -240,40 +215,40 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<RequestFields, ApiError>
         Some(n) => n,
     };
 
-    let (prompt_tokens_estimate, prefix_hash, prefix_tokens_estimate, prompt_span) = match endpoint
-    {
-        Endpoint::Chat => {
-            let raw = wire.messages.ok_or_else(|| {
-                ApiError::bad_request("`messages` is required.").with_param("messages")
-            })?;
-            let (est, hash, prefix) = estimate_messages(raw)?;
-            (est, hash, prefix, span_of(body, raw))
-        }
-        Endpoint::Completions => {
-            let raw = wire.prompt.ok_or_else(|| {
-                ApiError::bad_request("`prompt` is required.").with_param("prompt")
-            })?;
-            string_or_array(raw, "prompt")?;
-            let est = estimate_raw(raw);
-            let prefix = (raw.get().len().min(PREFIX_BYTES) as u64).div_ceil(4);
-            (
-                est,
-                Some(prefix_of(raw.get().as_bytes())),
-                prefix,
-                span_of(body, raw),
-            )
-        }
-        Endpoint::Embeddings => {
-            let raw = wire
-                .input
-                .ok_or_else(|| ApiError::bad_request("`input` is required.").with_param("input"))?;
-            string_or_array(raw, "input")?;
-            (estimate_raw(raw), None, 0, span_of(body, raw))
-        }
-    };
+    let (prompt_tokens_estimate, prefix_hash, prefix_tokens_estimate, prompt_span) =
+        match prompt_field {
+            PromptField::Messages => {
+                let raw = wire.messages.ok_or_else(|| {
+                    ApiError::bad_request("`messages` is required.").with_param("messages")
+                })?;
+                let (est, hash, prefix) = estimate_messages(raw)?;
+                (est, hash, prefix, span_of(body, raw))
+            }
+            PromptField::Prompt => {
+                let raw = wire.prompt.ok_or_else(|| {
+                    ApiError::bad_request("`prompt` is required.").with_param("prompt")
+                })?;
+                string_or_array(raw, "prompt")?;
+                let est = estimate_raw(raw);
+                let prefix = (raw.get().len().min(PREFIX_BYTES) as u64).div_ceil(4);
+                (
+                    est,
+                    Some(prefix_of(raw.get().as_bytes())),
+                    prefix,
+                    span_of(body, raw),
+                )
+            }
+            PromptField::Input => {
+                let raw = wire.input.ok_or_else(|| {
+                    ApiError::bad_request("`input` is required.").with_param("input")
+                })?;
+                string_or_array(raw, "input")?;
+                (estimate_raw(raw), None, 0, span_of(body, raw))
+            }
+        };
 
     Ok(RequestFields {
-        endpoint,
+        prompt_field,
         model,
         model_span,
         stream,
@@ -460,7 +435,7 @@ mod tests {
     use super::*;
 
     fn chat(body: &str) -> Result<RequestFields, ApiError> {
-        parse(Endpoint::Chat, body.as_bytes())
+        parse(PromptField::Messages, body.as_bytes())
     }
 
     #[test]
@@ -568,7 +543,7 @@ mod tests {
         let mut body = br#"{"model":"m","messages":[{"role":"user","content":""#.to_vec();
         body.extend_from_slice(&[0xff, 0xfe]);
         body.extend_from_slice(br#""}]}"#);
-        assert_eq!(parse(Endpoint::Chat, &body).unwrap_err().status, 400);
+        assert_eq!(parse(PromptField::Messages, &body).unwrap_err().status, 400);
     }
 
     #[test]
@@ -589,14 +564,10 @@ mod tests {
 
     #[test]
     fn completions_and_embeddings() {
-        let f = parse(
-            Endpoint::Completions,
-            br#"{"model":"m","prompt":"abcdabcd"}"#,
-        )
-        .unwrap();
+        let f = parse(PromptField::Prompt, br#"{"model":"m","prompt":"abcdabcd"}"#).unwrap();
         assert_eq!(f.prompt_tokens_estimate, 3);
-        let f = parse(Endpoint::Embeddings, br#"{"model":"m","input":["a","b"]}"#).unwrap();
-        assert_eq!(f.expected_output(100), 0);
-        assert!(parse(Endpoint::Embeddings, br#"{"model":"m"}"#).is_err());
+        // (its expected output, none: `api::embeddings`'s tests)
+        parse(PromptField::Input, br#"{"model":"m","input":["a","b"]}"#).unwrap();
+        assert!(parse(PromptField::Input, br#"{"model":"m"}"#).is_err());
     }
 }

@@ -1,14 +1,22 @@
-//! Forwarding an inference request: the request path of DESIGN.md from "body" to "settle".
+//! Forwarding an inference request: the request path of `docs/request-path.md`, from "body" to
+//! "settle", as its phases.
 //!
 //! ```text
-//! auth → body (capped) → fields → allow-list → resolve model → size (estimate, or a large
-//! prompt's exact count from a candidate's tokenizer) → admission → attempt loop:
-//!     pick backend (all candidates at their cap → wait in the fair queue, bounded by
-//!     `queue.timeout`) → rewrite (model name, include_usage) → send
-//!     connect error / reset / TTFB timeout / 429 / 502 / 503 / 504  → next backend
-//!     any other status → answer the client (errors normalised to OpenAI's shape)
-//! → stream through [`observe::ObservedStream`] or buffer a non-streamed answer → settle
+//! handle ─► prepare: auth, body (capped), content type, fields, allow-list, resolve,
+//!           size (estimate, or a large prompt's exact count from a candidate's tokenizer),
+//!           admission
+//!        ─► attempt loop (proxy):
+//!             pick_or_wait (all candidates at their cap → the fair queue, bounded by
+//!             `queue.timeout`) → attempt: rewrite (model name, forced usage) → send
+//!             → classify: retry elsewhere with the failure, or answer
+//!        ─► respond: a backend error normalised, a stream through [`observe::ObservedStream`],
+//!           or the whole answer read; settlement built once ([`settlement`])
+//!        ─► no_answer: the last failure when every attempt was spent
 //! ```
+//!
+//! Nothing here knows a client API by name: what differs between chat completions,
+//! completions, embeddings (fields, rewrites, usage, error shapes) is the request's
+//! [`ClientApi`] ([`crate::api`]).
 //!
 //! Invariants (see also the module docs of [`observe`] and [`crate::fleet::load`]):
 //! - A request is retried on another backend only while nothing has been sent to the client;
@@ -18,7 +26,8 @@
 //!   backend hands its freed slot to the next queued request.
 //! - A backend's busy answer (429/503) makes it skipped for its `Retry-After` (or a doubling
 //!   backoff) and `overloaded`; other retryable failures count towards its ejection.
-//! - No network input can panic this code; every failure is an [`ApiError`].
+//! - No network input can panic this code; every failure is an [`ApiError`], shaped for the
+//!   client by its API.
 
 pub mod headers;
 pub mod observe;
@@ -28,22 +37,28 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
 
-use crate::config::BackendKind;
-use crate::fleet::LoadGuard;
+use crate::api::{ClientApi, Edits};
+use crate::auth::Identity;
+use crate::config::{BackendKind, Config, PolicyKind};
+use crate::fleet::speed::ModelShapes;
+use crate::fleet::{Backend, LoadGuard, Resolved};
 use crate::gateway::{Gateway, Runtime};
-use crate::openai::edit::{self, Splice};
+use crate::limits::Permit;
+use crate::openai::edit;
 use crate::openai::error::{from_backend_redacted, insert_retry_after};
-use crate::openai::{request, ApiError, Endpoint};
+use crate::openai::{ApiError, RequestFields};
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
+use crate::settle::Settle;
 use crate::upstream::{self as forward, retry_after, retryable_status, AttemptError};
-use observe::{Edits, ObservedStream, Settle};
+use observe::ObservedStream;
 
 /// Largest error body read from a backend to normalise it.
 const MAX_ERROR_BODY: usize = 256 * 1024;
@@ -54,21 +69,197 @@ const QUEUE_RECHECK: Duration = Duration::from_millis(50);
 /// Upper bound on routing rounds of one queued request.
 const MAX_QUEUE_ROUNDS: u32 = 100_000;
 
-/// Handle one inference request end to end.
-pub async fn handle(gw: Arc<Gateway>, endpoint: Endpoint, req: Request<Body>) -> Response {
+/// Handle one inference request of `api` end to end.
+pub async fn handle(gw: Arc<Gateway>, api: &'static dyn ClientApi, req: Request<Body>) -> Response {
     let started = Instant::now();
     let request_id = crate::telemetry::access::request_id(req.headers());
-    let mut record = AccessRecord::new(request_id, endpoint.label(), started);
+    let mut record = AccessRecord::new(request_id, api.label(), started);
     let rt = gw.runtime();
     // (the connection's service puts the request id on the response, as on every response)
-    match proxy(&gw, &rt, endpoint, req, &mut record).await {
+    match proxy(&gw, &rt, api, req, &mut record).await {
         Ok(resp) => resp,
         Err(err) => {
             record.status = err.status.as_u16();
             record.error = Some(err.label().to_string());
             record.finish();
-            err.into_response()
+            api.error_response(err)
         }
+    }
+}
+
+/// The phases in order: prepare, then attempts on one backend after another until one is
+/// answered; when none is, the last failure (`Err`: `handle` finishes the record).
+async fn proxy(
+    gw: &Gateway,
+    rt: &Runtime,
+    api: &'static dyn ClientApi,
+    req: Request<Body>,
+    record: &mut AccessRecord,
+) -> Result<Response, ApiError> {
+    let config = &rt.config;
+    let mut prepared = prepare(gw, rt, api, req, record).await?;
+    let p = &prepared;
+    let deadline = Instant::now() + config.routing.failover_deadline;
+    let mut tried: Vec<usize> = Vec::new();
+    let mut last_failure: Option<ApiError> = None;
+    for attempt_no in 0..config.routing.max_attempts {
+        if attempt_no > 0 && Instant::now() >= deadline {
+            break;
+        }
+        let candidates = &p.resolved.candidates;
+        let claimed = match pick_or_wait(
+            gw,
+            config,
+            p.policy,
+            candidates,
+            &tried,
+            p.input,
+            &p.identity.tenant,
+        )
+        .await
+        {
+            Ok(Some(claimed)) => claimed,
+            Ok(None) => break,
+            Err(e) => {
+                last_failure = Some(e);
+                break;
+            }
+        };
+        tried.push(claimed.idx);
+        let retries_left = attempt_no + 1 < config.routing.max_attempts;
+        match attempt(config, p, &claimed, attempt_no, retries_left, record).await {
+            Verdict::Retry(failure) => last_failure = Some(failure),
+            Verdict::Answer(answer) => {
+                return Ok(respond(config, &mut prepared, claimed, answer, record).await)
+            }
+        }
+    }
+    Err(no_answer(last_failure, prepared))
+}
+
+/// What [`prepare`] read and decided: everything the attempts need, read once.
+struct Prepared {
+    api: &'static dyn ClientApi,
+    identity: Identity,
+    client_headers: HeaderMap,
+    body: Bytes,
+    fields: RequestFields,
+    resolved: Resolved,
+    policy: PolicyKind,
+    input: RouteInput,
+    streaming: bool,
+    shapes: Arc<ModelShapes>,
+    /// Taken by the answering attempt's settlement; dropped (refunded) when none answers.
+    permit: Option<Permit>,
+    limit_headers: HeaderMap,
+}
+
+/// Everything before the first attempt: auth, content type, body, fields, allow-list,
+/// resolve, size, admission. Each step can refuse the request; none has sent anything.
+async fn prepare(
+    gw: &Gateway,
+    rt: &Runtime,
+    api: &'static dyn ClientApi,
+    req: Request<Body>,
+    record: &mut AccessRecord,
+) -> Result<Prepared, ApiError> {
+    let config = &rt.config;
+    let identity = rt.keys.authenticate(req.headers())?;
+    record.tenant = identity.tenant.clone();
+    check_content_type(req.headers())?;
+    let (client_headers, body) = read_body(req, config.server.max_body_bytes).await?;
+    let fields = api.parse(&body)?;
+    record.stream = fields.stream;
+    let resolved = resolve(rt, api, &identity, &fields)?;
+    record.model = resolved.canonical.clone();
+    let policy = resolved.policy.unwrap_or(config.routing.policy);
+    let shapes = gw.router.shapes.clone();
+    let input = size(config, api, &shapes, &resolved, &fields, &body).await;
+    let permit = gw
+        .limits
+        .admit(&identity, &resolved.canonical, input.tokens)
+        .await?;
+    Ok(Prepared {
+        api,
+        identity,
+        client_headers,
+        streaming: api.streams(&fields),
+        body,
+        fields,
+        resolved,
+        policy,
+        input,
+        shapes,
+        limit_headers: permit.headers(),
+        permit: Some(permit),
+    })
+}
+
+/// The allow-list, then the model's candidates among the backends that speak `api`.
+fn resolve(
+    rt: &Runtime,
+    api: &dyn ClientApi,
+    identity: &Identity,
+    fields: &RequestFields,
+) -> Result<Resolved, ApiError> {
+    if !identity.allows(&rt.fleet, &fields.model) {
+        return Err(crate::auth::model_refused(
+            &fields.model,
+            rt.config.hide_disallowed_models,
+        ));
+    }
+    let mut resolved = rt
+        .fleet
+        .resolve(&fields.model)
+        .ok_or_else(|| ApiError::model_not_found(&fields.model))?;
+    resolved.candidates.retain(|(b, _)| api.native(b.kind()));
+    if resolved.candidates.is_empty() {
+        return Err(ApiError::model_not_found(&fields.model));
+    }
+    Ok(resolved)
+}
+
+/// The request's expected size for routing and admission: the prompt's exact count for a large
+/// prompt when a candidate's tokenizer answers in time, else the estimate corrected by what
+/// this model's responses reported; plus the API's expected output (`max_tokens` or, when
+/// absent, the model's learned average output).
+async fn size(
+    config: &Config,
+    api: &dyn ClientApi,
+    shapes: &ModelShapes,
+    resolved: &Resolved,
+    fields: &RequestFields,
+    body: &Bytes,
+) -> RouteInput {
+    let corrected = shapes.corrected_prompt(&resolved.canonical, fields.prompt_tokens_estimate);
+    let exact = match config.routing.tokenize_above {
+        above if above > 0 && corrected >= above => crate::fleet::tokenize::count(
+            &resolved.candidates,
+            api,
+            body.get(fields.prompt_span.clone()).unwrap_or_default(),
+            config.routing.tokenize_timeout,
+        )
+        .await
+        .ok(),
+        _ => None,
+    };
+    let prompt_tokens = exact.unwrap_or(corrected);
+    // The prefix is the same share of the prompt whichever way the prompt was counted.
+    let prefix_tokens = match exact {
+        Some(n) if fields.prompt_tokens_estimate > 0 => {
+            let share = fields.prefix_tokens_estimate as f64 / fields.prompt_tokens_estimate as f64;
+            (n as f64 * share.min(1.0)) as u64
+        }
+        _ => shapes.corrected_prompt(&resolved.canonical, fields.prefix_tokens_estimate),
+    };
+    let default_output = shapes
+        .output_tokens(&resolved.canonical)
+        .unwrap_or(config.routing.default_max_tokens);
+    RouteInput {
+        tokens: prompt_tokens + api.expected_output(fields, default_output),
+        prefix_hash: fields.prefix_hash,
+        prompt_tokens,
+        prefix_tokens,
     }
 }
 
@@ -115,344 +306,369 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-async fn proxy(
-    gw: &Gateway,
-    rt: &Runtime,
-    endpoint: Endpoint,
-    req: Request<Body>,
+/// How an attempt ended: what [`classify`] decided.
+enum Verdict {
+    /// Try another backend; the client gets this failure if none is left.
+    Retry(ApiError),
+    /// Answer the client from this backend.
+    Answer(Answer),
+}
+
+/// A backend's answer that goes to the client, with what the response phase needs of its send.
+struct Answer {
+    resp: http::Response<Incoming>,
+    /// Since the request arrived, when it was sent to this backend.
+    sent_after: Duration,
+    /// A non-streamed answer (or an error body) must be complete by then.
+    body_deadline: tokio::time::Instant,
+    /// Sluice forced stream usage: the observer drops it before it reaches the client.
+    strip_usage: bool,
+}
+
+/// One attempt on the claimed backend: rewrite the body for it, send, classify.
+async fn attempt(
+    config: &Config,
+    p: &Prepared,
+    claimed: &Claimed,
+    attempt_no: u32,
+    retries_left: bool,
     record: &mut AccessRecord,
-) -> Result<Response, ApiError> {
-    let config = &rt.config;
-    let identity = rt.keys.authenticate(req.headers())?;
-    record.tenant = identity.tenant.clone();
-    check_content_type(req.headers())?;
-    let (client_headers, body) = read_body(req, config.server.max_body_bytes).await?;
-    let fields = request::parse(endpoint, &body)?;
-    record.stream = fields.stream;
-
-    if !identity.allows(&rt.fleet, &fields.model) {
-        return Err(crate::auth::model_refused(
-            &fields.model,
-            config.hide_disallowed_models,
-        ));
+) -> Verdict {
+    let (backend, backend_model) = &p.resolved.candidates[claimed.idx];
+    if attempt_no > 0 {
+        metrics::counter!(m::FAILOVERS_TOTAL, "model" => p.resolved.canonical.clone()).increment(1);
     }
-    let resolved = rt
-        .fleet
-        .resolve(&fields.model)
-        .ok_or_else(|| ApiError::model_not_found(&fields.model))?;
-    record.model = resolved.canonical.clone();
-
-    let policy = resolved.policy.unwrap_or(config.routing.policy);
-    // Expected size: the prompt's exact count for a large prompt when a candidate's tokenizer
-    // answers in time, else the estimate corrected by what this model's responses reported;
-    // plus max_tokens or, when absent, the model's learned average output.
-    let shapes = gw.router.shapes.clone();
-    let corrected = shapes.corrected_prompt(&resolved.canonical, fields.prompt_tokens_estimate);
-    let exact = match config.routing.tokenize_above {
-        above if above > 0 && corrected >= above => crate::fleet::tokenize::count(
-            &resolved.candidates,
-            endpoint,
-            body.get(fields.prompt_span.clone()).unwrap_or_default(),
-            config.routing.tokenize_timeout,
-        )
-        .await
-        .ok(),
-        _ => None,
+    record.attempts = attempt_no + 1;
+    record.backend = Some(backend.name().to_string());
+    let (upstream_body, strip_usage) = rewrite(p, backend_model);
+    let headers = headers::upstream_headers(
+        &p.client_headers,
+        &record.request_id,
+        backend.config.api_key.as_deref(),
+    );
+    let timeouts = backend.config.timeouts;
+    let head_timeout = if p.streaming {
+        timeouts.first_byte
+    } else {
+        timeouts.response
     };
-    let prompt_estimate = exact.unwrap_or(corrected);
-    // The prefix is the same share of the prompt whichever way the prompt was counted.
-    let prefix_tokens = match exact {
-        Some(n) if fields.prompt_tokens_estimate > 0 => {
-            let share = fields.prefix_tokens_estimate as f64 / fields.prompt_tokens_estimate as f64;
-            (n as f64 * share.min(1.0)) as u64
-        }
-        _ => shapes.corrected_prompt(&resolved.canonical, fields.prefix_tokens_estimate),
+    let sent_after = record.started.elapsed();
+    // A non-streamed answer (or an error body) must be complete within `timeouts.response`
+    // of the send, so a backend trickling bytes just faster than `idle` cannot hold it.
+    let body_deadline = tokio::time::Instant::now() + timeouts.response;
+    backend.state.count_request();
+    let sent = forward::send(backend, p.api.path(), headers, upstream_body, head_timeout).await;
+    match classify(config, backend, sent, retries_left, body_deadline, record).await {
+        Err(failure) => Verdict::Retry(failure),
+        Ok(resp) => Verdict::Answer(Answer {
+            resp,
+            sent_after,
+            body_deadline,
+            strip_usage,
+        }),
+    }
+}
+
+/// The body for one backend: the client's bytes with the backend's model name and, for a
+/// stream, forced usage spliced in; and whether the observer must strip that usage.
+fn rewrite(p: &Prepared, backend_model: &str) -> (Bytes, bool) {
+    let mut splices = Vec::new();
+    if backend_model != p.fields.model {
+        splices.push(p.api.rename_model(&p.fields, backend_model));
+    }
+    let forced = if p.streaming {
+        p.api.force_stream_usage(&p.body, &p.fields)
+    } else {
+        None
     };
-    let default_output = shapes
-        .output_tokens(&resolved.canonical)
-        .unwrap_or(config.routing.default_max_tokens);
-    let expected_tokens = prompt_estimate + fields.expected_output(default_output);
-    let permit = gw
-        .limits
-        .admit(&identity, &resolved.canonical, expected_tokens)
-        .await?;
-    let limit_headers = permit.headers();
-    let mut permit = Some(permit);
-    let input = RouteInput {
-        tokens: expected_tokens,
-        prefix_hash: fields.prefix_hash,
-        prompt_tokens: prompt_estimate,
-        prefix_tokens,
+    let strip_usage = forced.is_some();
+    splices.extend(forced);
+    (edit::apply(&p.body, splices), strip_usage)
+}
+
+/// What an answer's status says about its backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Said {
+    /// 429/503: skipped for its `Retry-After` (or a doubling backoff), shown `overloaded`.
+    Busy,
+    /// Another 5xx: counts towards its ejection.
+    Failing,
+    /// Anything else, 4xx included: the backend works.
+    Working,
+}
+
+/// The classification of a backend's status: whether the request goes to another backend
+/// (a retryable status while attempts are left), and what it says about the backend.
+fn judge(status: StatusCode, retries_left: bool) -> (bool, Said) {
+    let said = match status.as_u16() {
+        429 | 503 => Said::Busy,
+        _ if status.is_server_error() => Said::Failing,
+        _ => Said::Working,
     };
-    let streaming = fields.stream && endpoint != Endpoint::Embeddings;
-    let deadline = Instant::now() + config.routing.failover_deadline;
-    let mut tried: Vec<usize> = Vec::new();
-    let mut last_failure: Option<ApiError> = None;
+    (retryable_status(status) && retries_left, said)
+}
 
-    for attempt in 0..config.routing.max_attempts {
-        if attempt > 0 && Instant::now() >= deadline {
-            break;
-        }
-        let Claimed { idx, guard, queued } = match pick_or_wait(
-            gw,
-            config,
-            policy,
-            &resolved.candidates,
-            &tried,
-            input,
-            &identity.tenant,
-        )
-        .await
-        {
-            Ok(Some(claimed)) => claimed,
-            Ok(None) => break,
-            Err(e) => {
-                last_failure = Some(e);
-                break;
-            }
-        };
-        tried.push(idx);
-        if attempt > 0 {
-            metrics::counter!(m::FAILOVERS_TOTAL, "model" => resolved.canonical.clone())
-                .increment(1);
-        }
-        let (backend, backend_model) = &resolved.candidates[idx];
-        record.attempts = attempt + 1;
-        record.backend = Some(backend.name().to_string());
+/// The failure a send that got no response head leaves for the client.
+fn transport_failure(backend: &str, e: &AttemptError) -> ApiError {
+    match e {
+        AttemptError::Timeout(d) => ApiError::timeout(&format!("no response within {d:?}")),
+        other => ApiError::bad_gateway(format!("Backend `{backend}` failed: {}", other.label())),
+    }
+}
 
-        let mut splices: Vec<Splice> = Vec::new();
-        if backend_model != &fields.model {
-            splices.push(edit::rename_model(&fields, backend_model));
-        }
-        let inject_usage = streaming && fields.include_usage != Some(true);
-        if inject_usage {
-            if let Some(s) = edit::force_include_usage(&body, &fields) {
-                splices.push(s);
-            }
-        }
-        let upstream_body = edit::apply(&body, splices);
-        let headers = headers::upstream_headers(
-            &client_headers,
-            &record.request_id,
-            backend.config.api_key.as_deref(),
-        );
-        let timeouts = backend.config.timeouts;
-        let head_timeout = if streaming {
-            timeouts.first_byte
-        } else {
-            timeouts.response
-        };
-        let sent_after = record.started.elapsed();
-        // A non-streamed answer (or an error body) must be complete within `timeouts.response`
-        // of the send, so a backend trickling bytes just faster than `idle` cannot hold it.
-        let body_deadline = tokio::time::Instant::now() + timeouts.response;
-        backend.state.count_request();
-
-        let resp = match forward::send(
-            backend,
-            endpoint.path(),
-            headers,
-            upstream_body,
-            head_timeout,
-        )
-        .await
-        {
-            Ok(resp) => resp,
-            Err(e) => {
-                let connect = matches!(e, AttemptError::Connect(_));
-                tracing::warn!(
-                    request_id = %record.request_id,
-                    backend = backend.name(),
-                    attempt = attempt + 1,
-                    "attempt failed: {e}"
-                );
-                m::backend_request(backend.name(), e.label());
-                backend
-                    .state
-                    .record_live_failure(&config.health, connect, e.label());
-                last_failure = Some(match e {
-                    AttemptError::Timeout(d) => {
-                        ApiError::timeout(&format!("no response within {d:?}"))
-                    }
-                    other => ApiError::bad_gateway(format!(
-                        "Backend `{}` failed: {}",
-                        backend.name(),
-                        other.label()
-                    )),
-                });
-                continue;
-            }
-        };
-
-        let status = resp.status();
-        m::backend_request(backend.name(), m::status_class(status.as_u16()));
-        if retryable_status(status) && attempt + 1 < config.routing.max_attempts {
-            let after = retry_after(resp.headers());
-            match status.as_u16() {
-                429 | 503 => backend.state.record_busy(after),
-                _ => backend
-                    .state
-                    .record_live_failure(&config.health, false, status.as_str()),
-            }
-            let err_body = read_capped(
-                resp.into_body(),
-                MAX_ERROR_BODY,
-                timeouts.idle,
-                body_deadline,
-            )
-            .await
-            .unwrap_or_default();
-            last_failure = Some(from_backend_redacted(
-                status,
-                &err_body,
-                backend.config.api_key.as_deref(),
-            ));
-            tracing::info!(request_id = %record.request_id, backend = backend.name(), status = status.as_u16(), "backend busy or failing; trying another");
-            continue;
-        }
-        if matches!(status.as_u16(), 429 | 503) {
-            backend.state.record_busy(retry_after(resp.headers()));
-        } else if status.is_server_error() {
+/// The one classification of what an attempt got back: `Err` (retry elsewhere with this
+/// failure: no head, or a retryable status while attempts are left) or `Ok` (answer the
+/// client). Records what it says about the backend's health.
+async fn classify<B: UpstreamBody>(
+    config: &Config,
+    backend: &Backend,
+    sent: Result<http::Response<B>, AttemptError>,
+    retries_left: bool,
+    body_deadline: tokio::time::Instant,
+    record: &AccessRecord,
+) -> Result<http::Response<B>, ApiError> {
+    let resp = match sent {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::warn!(
+                request_id = %record.request_id,
+                backend = backend.name(),
+                attempt = record.attempts,
+                "attempt failed: {e}"
+            );
+            m::backend_request(backend.name(), e.label());
+            let connect = matches!(e, AttemptError::Connect(_));
             backend
                 .state
-                .record_live_failure(&config.health, false, status.as_str());
-        } else {
-            backend.state.record_live_success();
+                .record_live_failure(&config.health, connect, e.label());
+            return Err(transport_failure(backend.name(), &e));
         }
-        record.status = status.as_u16();
-
-        let (parts, upstream) = resp.into_parts();
-        if !status.is_success() {
-            let err_body = read_capped(upstream, MAX_ERROR_BODY, timeouts.idle, body_deadline)
-                .await
-                .unwrap_or_default();
-            let mut response =
-                from_backend_redacted(status, &err_body, backend.config.api_key.as_deref())
-                    .into_response();
-            if let Some(after) = retry_after(&parts.headers) {
-                insert_retry_after(response.headers_mut(), after);
-            }
-            response.headers_mut().extend(limit_headers.clone());
-            record.error = Some(format!("backend_{}", status.as_u16()));
-            finish_record(record);
-            return Ok(response);
-        }
-
-        let mut out_headers = headers::downstream_headers(&parts.headers);
-        if config.routing.expose_backend_header {
-            if let Ok(v) = HeaderValue::from_str(backend.name()) {
-                out_headers.insert("x-sluice-backend", v);
-            }
-        }
-        let edits = Edits {
-            rename_model: (backend_model != &fields.model).then(|| fields.model.clone()),
-            strip_usage: inject_usage,
-            fill_id: (backend.kind() == BackendKind::Tgi)
-                .then(|| id_for(endpoint, &record.request_id)),
-            normalize_finish: backend.kind() == BackendKind::Tgi,
-            redact: backend.config.api_key.as_deref().map(Arc::from),
-        };
-        out_headers.extend(limit_headers.clone());
-        let mut settle = Settle::new(take_record(record));
-        settle.guard = Some(guard);
-        settle.prompt_estimate = fields.prompt_tokens_estimate;
-        if let Some(p) = permit.take() {
-            settle
-                .hooks
-                .push(p.with_backend(backend.name()).into_hook());
-        }
-        settle.hooks.push(observe::learn_hook(
-            backend.clone(),
-            shapes.clone(),
-            resolved.canonical.clone(),
-            fields.prompt_tokens_estimate,
-            sent_after,
-            queued,
-        ));
-
-        let is_sse = parts
-            .headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.starts_with("text/event-stream"));
-        if streaming && is_sse {
-            let body = ObservedStream::new(
-                upstream,
-                edits,
-                timeouts.idle,
-                backend.clone(),
-                config.health.clone(),
-                settle,
-            );
-            let mut response = Response::new(Body::new(body));
-            *response.status_mut() = status;
-            *response.headers_mut() = out_headers;
-            response
-                .headers_mut()
-                .insert("x-accel-buffering", HeaderValue::from_static("no"));
-            response
-                .headers_mut()
-                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            return Ok(response);
-        }
-
-        let whole = match read_capped(
-            upstream,
-            config.server.max_response_bytes,
-            timeouts.idle,
-            body_deadline,
-        )
-        .await
-        {
-            Ok(b) => b,
-            Err(e) => {
-                backend
-                    .state
-                    .record_live_failure(&config.health, false, "body");
-                settle.record.status = 502;
-                settle.record.error = Some("backend_body".into());
-                settle.finish();
-                return Ok(ApiError::bad_gateway(format!(
-                    "Backend `{}` failed while sending its answer: {e}",
-                    backend.name()
-                ))
-                .into_response());
-            }
-        };
-        settle.usage = match observe::whole_usage(&whole) {
-            Ok(u) => u,
-            Err(e) => {
-                // Not JSON (garbage, NDJSON, a cut body): the client gets a clean 502, not the
-                // bytes; the backend is marked as for any broken answer.
-                backend
-                    .state
-                    .record_live_failure(&config.health, false, "invalid body");
-                settle.record.status = 502;
-                settle.record.error = Some("backend_invalid_body".into());
-                settle.finish();
-                return Ok(ApiError::bad_gateway(format!(
-                    "Backend `{}` sent an answer that is not JSON ({}).",
-                    backend.name(),
-                    e
-                ))
-                .into_response());
-            }
-        };
-        settle.complete = true;
-        let whole =
-            if edits.rename_model.is_some() || edits.fill_id.is_some() || edits.normalize_finish {
-                observe::edit_json(&whole, &edits).unwrap_or(whole)
-            } else {
-                whole
-            };
-        let whole = observe::Redactor::new(edits.redact.as_deref()).apply(whole);
-        settle.finish();
-        let mut response = Response::new(Body::new(Full::new(whole)));
-        *response.status_mut() = status;
-        *response.headers_mut() = out_headers;
-        return Ok(response);
+    };
+    let status = resp.status();
+    m::backend_request(backend.name(), m::status_class(status.as_u16()));
+    let (retry, said) = judge(status, retries_left);
+    match said {
+        Said::Busy => backend.state.record_busy(retry_after(resp.headers())),
+        Said::Failing => backend
+            .state
+            .record_live_failure(&config.health, false, status.as_str()),
+        Said::Working => backend.state.record_live_success(),
     }
+    if !retry {
+        return Ok(resp);
+    }
+    let idle = backend.config.timeouts.idle;
+    let err_body = read_capped(resp.into_body(), MAX_ERROR_BODY, idle, body_deadline)
+        .await
+        .unwrap_or_default();
+    tracing::info!(request_id = %record.request_id, backend = backend.name(), status = status.as_u16(), "backend busy or failing; trying another");
+    Err(from_backend_redacted(
+        status,
+        &err_body,
+        backend.config.api_key.as_deref(),
+    ))
+}
 
+/// Answer the client from the backend that answered: its error normalised, its stream through
+/// the observer, or its whole answer read. From here on nothing is retried.
+async fn respond(
+    config: &Config,
+    p: &mut Prepared,
+    claimed: Claimed,
+    answer: Answer,
+    record: &mut AccessRecord,
+) -> Response {
+    let permit = p.permit.take();
+    let (backend, backend_model) = &p.resolved.candidates[claimed.idx];
+    let status = answer.resp.status();
+    record.status = status.as_u16();
+    let (parts, upstream) = answer.resp.into_parts();
+    if !status.is_success() {
+        let idle = backend.config.timeouts.idle;
+        let err_body = read_capped(upstream, MAX_ERROR_BODY, idle, answer.body_deadline)
+            .await
+            .unwrap_or_default();
+        let err = from_backend_redacted(status, &err_body, backend.config.api_key.as_deref());
+        let mut response = p.api.error_response(err);
+        if let Some(after) = retry_after(&parts.headers) {
+            insert_retry_after(response.headers_mut(), after);
+        }
+        response.headers_mut().extend(p.limit_headers.clone());
+        record.error = Some(format!("backend_{}", status.as_u16()));
+        finish_record(record);
+        return response;
+    }
+    let mut out_headers = headers::downstream_headers(&parts.headers);
+    if config.routing.expose_backend_header {
+        if let Ok(v) = HeaderValue::from_str(backend.name()) {
+            out_headers.insert("x-sluice-backend", v);
+        }
+    }
+    let edits = answer_edits(
+        p,
+        backend,
+        backend_model,
+        answer.strip_usage,
+        &record.request_id,
+    );
+    out_headers.extend(p.limit_headers.clone());
+    let settle = settlement(p, permit, backend, claimed, answer.sent_after, record);
+    let answer_parts = (status, out_headers, upstream, edits, settle);
+    if p.streaming && is_sse(&parts.headers) {
+        return stream_answer(config, p.api, backend, answer_parts);
+    }
+    whole_answer(config, p.api, backend, answer_parts, answer.body_deadline).await
+}
+
+/// The edits the client's answer needs: its model name back, forced usage dropped, and TGI's
+/// empty id and `stop_sequence` finish reason made OpenAI's.
+fn answer_edits(
+    p: &Prepared,
+    backend: &Backend,
+    backend_model: &str,
+    strip_usage: bool,
+    request_id: &str,
+) -> Edits {
+    let tgi = backend.kind() == BackendKind::Tgi;
+    Edits {
+        rename_model: (backend_model != p.fields.model).then(|| p.fields.model.clone()),
+        strip_usage,
+        fill_id: tgi.then(|| format!("{}{request_id}", p.api.id_prefix())),
+        normalize_finish: tgi,
+        redact: backend.config.api_key.as_deref().map(Arc::from),
+    }
+}
+
+/// The settlement of an answered request (runs once, when the answer is over): the load
+/// guard, the limits' reconciliation, and what the answer teaches about backend and model.
+fn settlement(
+    p: &Prepared,
+    permit: Option<Permit>,
+    backend: &Arc<Backend>,
+    claimed: Claimed,
+    sent_after: Duration,
+    record: &mut AccessRecord,
+) -> Settle {
+    let mut settle = Settle::new(take_record(record));
+    settle.guard = Some(claimed.guard);
+    settle.prompt_estimate = p.fields.prompt_tokens_estimate;
+    if let Some(permit) = permit {
+        settle
+            .hooks
+            .push(permit.with_backend(backend.name()).into_hook());
+    }
+    settle.hooks.push(observe::learn_hook(
+        backend.clone(),
+        p.shapes.clone(),
+        p.resolved.canonical.clone(),
+        p.fields.prompt_tokens_estimate,
+        sent_after,
+        claimed.queued,
+    ));
+    settle
+}
+
+/// A successful answer on its way out: status, headers, the backend's body, its edits, and the
+/// settlement that runs when it is over.
+type AnswerParts = (StatusCode, HeaderMap, Incoming, Edits, Settle);
+
+/// Whether the backend answered with an event stream (a backend may answer a stream request
+/// with a whole JSON body; it is then read whole).
+fn is_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"))
+}
+
+/// Stream the answer through the observer (usage and first token on the side).
+fn stream_answer(
+    config: &Config,
+    api: &'static dyn ClientApi,
+    backend: &Arc<Backend>,
+    (status, headers, upstream, edits, settle): AnswerParts,
+) -> Response {
+    let idle = backend.config.timeouts.idle;
+    let health = config.health.clone();
+    let body = ObservedStream::new(api, upstream, edits, idle, backend.clone(), health, settle);
+    let mut response = Response::new(Body::new(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// Read the whole answer (capped, by the body deadline), take its usage, edit it and settle.
+async fn whole_answer(
+    config: &Config,
+    api: &dyn ClientApi,
+    backend: &Backend,
+    (status, headers, upstream, edits, mut settle): AnswerParts,
+    body_deadline: tokio::time::Instant,
+) -> Response {
+    let (limit, idle) = (
+        config.server.max_response_bytes,
+        backend.config.timeouts.idle,
+    );
+    let whole = match read_capped(upstream, limit, idle, body_deadline).await {
+        Ok(b) => b,
+        Err(e) => {
+            let why = format!("failed while sending its answer: {e}");
+            return broken_answer(config, api, backend, settle, "body", "backend_body", &why);
+        }
+    };
+    settle.usage = match api.whole_usage(&whole) {
+        Ok(u) => u,
+        // Not JSON (garbage, NDJSON, a cut body): the client gets a clean 502, not the bytes.
+        Err(e) => {
+            let why = format!("sent an answer that is not JSON ({e}).");
+            let label = "backend_invalid_body";
+            return broken_answer(config, api, backend, settle, "invalid body", label, &why);
+        }
+    };
+    settle.complete = true;
+    let whole = if edits.edits_whole() {
+        api.edit(&whole, &edits).unwrap_or(whole)
+    } else {
+        whole
+    };
+    let whole = observe::Redactor::new(edits.redact.as_deref()).apply(whole);
+    settle.finish();
+    let mut response = Response::new(Body::new(Full::new(whole)));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// The one fallback for a successful head whose body cannot be passed on: the backend is
+/// marked as for any broken answer, the request settles as a 502, the client gets a clean 502.
+fn broken_answer(
+    config: &Config,
+    api: &dyn ClientApi,
+    backend: &Backend,
+    mut settle: Settle,
+    health_reason: &str,
+    label: &str,
+    why: &str,
+) -> Response {
+    backend
+        .state
+        .record_live_failure(&config.health, false, health_reason);
+    settle.record.status = 502;
+    settle.record.error = Some(label.into());
+    settle.finish();
+    let message = format!("Backend `{}` {why}", backend.name());
+    api.error_response(ApiError::bad_gateway(message))
+}
+
+/// The answer when every attempt was spent: the last failure (a busy one with a
+/// `Retry-After`), or "no backend" when none could be tried.
+fn no_answer(last_failure: Option<ApiError>, p: Prepared) -> ApiError {
     let mut err = match last_failure {
         Some(mut e) => {
             if e.status == StatusCode::TOO_MANY_REQUESTS
@@ -462,16 +678,12 @@ async fn proxy(
             }
             e
         }
-        None => ApiError::no_backend(&fields.model, NO_BACKEND_RETRY_AFTER),
+        None => ApiError::no_backend(&p.fields.model, NO_BACKEND_RETRY_AFTER),
     };
-    err.headers.extend(limit_headers);
-    Err(err)
+    err.headers.extend(p.limit_headers);
+    err
 }
 
-/// Pick a backend; when every untried routable candidate is at its concurrency cap, wait in the
-/// gateway's fair queue (by tenant) for a slot, up to `queue.timeout`. `Ok(None)`: nothing is
-/// routable (or all were tried); `Err`: the queue is full or the wait timed out (503 +
-/// `Retry-After`).
 /// The backend chosen for one attempt, with its slot already taken.
 struct Claimed {
     /// Index into the request's candidates.
@@ -513,6 +725,10 @@ fn pick_and_claim(
     None
 }
 
+/// Pick a backend; when every untried routable candidate is at its concurrency cap, wait in the
+/// gateway's fair queue (by tenant) for a slot, up to `queue.timeout`. `Ok(None)`: nothing is
+/// routable (or all were tried); `Err`: the queue is full or the wait timed out (503 +
+/// `Retry-After`).
 async fn pick_or_wait(
     gw: &Gateway,
     config: &crate::config::Config,
@@ -576,16 +792,6 @@ async fn pick_or_wait(
     Err(refuse("timeout", QueueError::Timeout))
 }
 
-/// An id for responses whose backend leaves it empty (TGI).
-fn id_for(endpoint: Endpoint, request_id: &str) -> String {
-    let prefix = match endpoint {
-        Endpoint::Chat => "chatcmpl-",
-        Endpoint::Completions => "cmpl-",
-        Endpoint::Embeddings => "embd-",
-    };
-    format!("{prefix}{request_id}")
-}
-
 /// Move the record out (into a [`Settle`] or to be finished now). After this, `proxy` must not
 /// return `Err`, because `handle` finishes the record of a failed request itself.
 fn take_record(record: &mut AccessRecord) -> AccessRecord {
@@ -598,10 +804,15 @@ fn finish_record(record: &mut AccessRecord) {
     taken.finish();
 }
 
+/// A backend's response body ([`Incoming`]; generic so the classification can be driven
+/// without a connection).
+trait UpstreamBody: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Unpin {}
+impl<B: http_body::Body<Data = Bytes, Error: std::fmt::Display> + Unpin> UpstreamBody for B {}
+
 /// Read a body up to `limit` bytes, allowing at most `idle` between frames and ending by
 /// `deadline`.
-async fn read_capped(
-    body: hyper::body::Incoming,
+async fn read_capped<B: UpstreamBody>(
+    body: B,
     limit: usize,
     idle: Duration,
     deadline: tokio::time::Instant,
@@ -624,5 +835,120 @@ async fn read_capped(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::Health;
+
+    #[test]
+    fn statuses_retry_or_answer_busy_or_failing() {
+        use Said::*;
+        // (status, retry while attempts are left, retry on the last attempt, what it says)
+        let cases = [
+            (200, false, false, Working),
+            (201, false, false, Working),
+            (400, false, false, Working),
+            (401, false, false, Working),
+            (404, false, false, Working),
+            (413, false, false, Working),
+            (422, false, false, Working),
+            (429, true, false, Busy),
+            (500, false, false, Failing),
+            (501, false, false, Failing),
+            (502, true, false, Failing),
+            (503, true, false, Busy),
+            (504, true, false, Failing),
+        ];
+        for (code, retry, retry_last, said) in cases {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert_eq!(judge(status, true), (retry, said), "{code}");
+            assert_eq!(judge(status, false), (retry_last, said), "{code} (last)");
+        }
+    }
+
+    #[test]
+    fn failures_without_a_head_are_502_or_504() {
+        let timeout = transport_failure("b", &AttemptError::Timeout(Duration::from_secs(2)));
+        assert_eq!(
+            (timeout.status, timeout.code.as_deref()),
+            (StatusCode::GATEWAY_TIMEOUT, Some("backend_timeout"))
+        );
+        for (e, label) in [
+            (AttemptError::Connect("refused".into()), "connect"),
+            (AttemptError::Transport("reset".into()), "transport"),
+            (AttemptError::Build("uri".into()), "build"),
+        ] {
+            let err = transport_failure("b", &e);
+            assert_eq!(err.status, StatusCode::BAD_GATEWAY);
+            assert_eq!(err.message, format!("Backend `b` failed: {label}"));
+        }
+    }
+
+    /// A config with one vLLM backend, and that backend.
+    fn one_backend() -> (Config, Arc<Backend>) {
+        let config = crate::config::from_str(
+            "[[backends]]\nname = \"b\"\nkind = \"vllm\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\napi_key = \"sk-be\"\n",
+            "t",
+        )
+        .unwrap();
+        let backend = Arc::new(Backend::new(
+            config.backends[0].clone(),
+            Arc::new(crate::fleet::BackendState::new()),
+        ));
+        (config, backend)
+    }
+
+    fn answer(code: u16, body: &'static str) -> Result<http::Response<Full<Bytes>>, AttemptError> {
+        Ok(http::Response::builder()
+            .status(code)
+            .header("retry-after", "7")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap())
+    }
+
+    async fn run(
+        sent: Result<http::Response<Full<Bytes>>, AttemptError>,
+        retries_left: bool,
+    ) -> (Result<StatusCode, ApiError>, Health) {
+        let (config, backend) = one_backend();
+        let record = AccessRecord::new("r".into(), "chat", Instant::now());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let verdict = classify(&config, &backend, sent, retries_left, deadline, &record).await;
+        (verdict.map(|r| r.status()), backend.state.health())
+    }
+
+    #[tokio::test]
+    async fn one_classification_of_an_attempt() {
+        // A busy answer goes elsewhere with the backend's error, and the backend is overloaded.
+        let (verdict, health) = run(answer(429, r#"{"error":"slow down sk-be"}"#), true).await;
+        let err = verdict.unwrap_err();
+        assert_eq!(err.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(!err.message.contains("sk-be"), "{}", err.message);
+        assert_eq!(health, Health::Overloaded);
+        // The same on the last attempt is the client's answer; the backend is still busy.
+        let (verdict, health) = run(answer(503, "busy"), false).await;
+        assert_eq!(verdict.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(health, Health::Overloaded);
+        // A failing answer goes elsewhere but does not make the backend overloaded.
+        let (verdict, health) = run(answer(502, "bad"), true).await;
+        assert_eq!(verdict.unwrap_err().status, StatusCode::BAD_GATEWAY);
+        assert_ne!(health, Health::Overloaded);
+        // Answers the client gets as they are: success, client errors, other server errors.
+        for code in [200, 400, 404, 500] {
+            let (verdict, health) = run(answer(code, "{}"), true).await;
+            assert_eq!(verdict.unwrap().as_u16(), code);
+            assert_ne!(health, Health::Overloaded, "{code}");
+        }
+        // No head: always elsewhere, even on the last attempt; a failure, never "busy".
+        let refused = Err(AttemptError::Connect("refused".into()));
+        let (verdict, health) = run(refused, false).await;
+        assert_eq!(verdict.unwrap_err().status, StatusCode::BAD_GATEWAY);
+        assert_ne!(health, Health::Overloaded);
+        let timeout = Err(AttemptError::Timeout(Duration::from_secs(1)));
+        let (verdict, _) = run(timeout, true).await;
+        assert_eq!(verdict.unwrap_err().status, StatusCode::GATEWAY_TIMEOUT);
     }
 }

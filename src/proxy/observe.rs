@@ -9,9 +9,11 @@
 //! - An event whose data is not JSON (nor `[DONE]`) ends the stream with the terminal error
 //!   below, before that event reaches the client: SDKs would fail on it with a parse error.
 //! - Once a stream has started it is never retried; if the backend fails mid-way (reset, idle
-//!   timeout, oversized event, early end) the client gets a terminal SSE error event carrying an
-//!   OpenAI error object, then `data: [DONE]`, so SDKs raise instead of returning a silently
-//!   truncated answer.
+//!   timeout, oversized event, early end) the client gets the request's API's terminal error
+//!   event ([`ClientApi::stream_error_event`]; for OpenAI's APIs an error object, then
+//!   `data: [DONE]`), so SDKs raise instead of returning a silently truncated answer.
+//! - What an event means (usage, output, an error, the end) and how it is edited is the
+//!   request's [`ClientApi`]'s answer; this module knows no API by name.
 //! - [`Settle`] runs exactly once, on completion or on drop (client gone), releasing the load
 //!   guard and writing the access line.
 
@@ -27,14 +29,14 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use memchr::memmem;
-use serde::Deserialize;
-use serde_json::value::RawValue;
+
 use tokio::time::Sleep;
 
 use super::sse::{event_data_borrowed, SseScanner};
+pub use crate::api::Edits;
+use crate::api::{ClientApi, Seen};
 use crate::config::HealthConfig;
 use crate::fleet::Backend;
-use crate::openai::edit::{self, Splice};
 pub use crate::openai::usage::Usage;
 use crate::openai::ApiError;
 pub use crate::settle::{Outcome, Settle, SettleHook};
@@ -77,125 +79,6 @@ pub fn learn_hook(
     })
 }
 
-/// Edits applied to each event of a stream (all off = pure pass-through).
-#[derive(Debug, Clone, Default)]
-pub struct Edits {
-    /// Put the client's model name back into `model`.
-    pub rename_model: Option<String>,
-    /// Drop the usage-only chunk (`choices: []`) that Sluice asked for on the client's behalf.
-    pub strip_usage: bool,
-    /// Replace an empty `id` (TGI) with this one.
-    pub fill_id: Option<String>,
-    /// TGI's `finish_reason: "stop_sequence"` becomes OpenAI's `"stop"`.
-    pub normalize_finish: bool,
-    /// The backend's API key: replaced by `[redacted]` wherever the backend echoes it (an error
-    /// event inside a 200 stream, say). Not an edit: a stream without it stays zero-copy.
-    pub redact: Option<Arc<str>>,
-}
-
-impl Edits {
-    pub fn is_passthrough(&self) -> bool {
-        self.rename_model.is_none()
-            && !self.strip_usage
-            && self.fill_id.is_none()
-            && !self.normalize_finish
-    }
-}
-
-#[derive(Deserialize)]
-struct ChunkLite<'a> {
-    #[serde(borrow, default)]
-    choices: Option<Vec<ChoiceLite<'a>>>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(borrow, default)]
-    error: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    model: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    id: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct ChoiceLite<'a> {
-    #[serde(borrow, default)]
-    delta: Option<DeltaLite<'a>>,
-    #[serde(borrow, default)]
-    text: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    message: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct DeltaLite<'a> {
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tool_calls: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    reasoning_content: Option<&'a RawValue>,
-}
-
-fn has_text(v: Option<&RawValue>) -> bool {
-    v.is_some_and(|r| {
-        let s = r.get();
-        s != "null" && s != "\"\"" && s != "[]"
-    })
-}
-
-/// What one event told us.
-#[derive(Debug, Default, Clone, Copy)]
-struct Seen {
-    done: bool,
-    text: bool,
-    usage: Option<Usage>,
-    usage_only: bool,
-    error: bool,
-    /// The data is not JSON at all (valid JSON of an unexpected shape is not flagged).
-    invalid: bool,
-}
-
-fn inspect(data: &[u8]) -> Seen {
-    if data == b"[DONE]" {
-        return Seen {
-            done: true,
-            ..Seen::default()
-        };
-    }
-    let chunk = match serde_json::from_slice::<ChunkLite<'_>>(data) {
-        Ok(c) => c,
-        Err(e) => {
-            return Seen {
-                invalid: !is_json(data, &e),
-                ..Seen::default()
-            }
-        }
-    };
-    let mut seen = Seen {
-        usage: chunk.usage,
-        error: chunk.error.is_some(),
-        ..Seen::default()
-    };
-    if let Some(choices) = &chunk.choices {
-        seen.usage_only = choices.is_empty() && chunk.usage.is_some();
-        seen.text = choices.iter().any(|c| {
-            has_text(c.text)
-                || has_text(c.message)
-                || c.delta.as_ref().is_some_and(|d| {
-                    has_text(d.content) || has_text(d.tool_calls) || has_text(d.reasoning_content)
-                })
-        });
-    }
-    seen
-}
-
-/// Whether `data`, which failed to read as a chunk with `e`, is JSON all the same. A data error
-/// (a wrong type) stops serde before the rest is read, so the rest is checked: found by
-/// fuzzing, `{"choices":0` followed by garbage was taken for JSON of another shape.
-fn is_json(data: &[u8], e: &serde_json::Error) -> bool {
-    e.is_data() && serde_json::from_slice::<serde::de::IgnoredAny>(data).is_ok()
-}
-
 /// Replaces a secret by `[redacted]` in what goes to the client; built once per answer, so
 /// the searcher is not rebuilt per chunk.
 #[derive(Debug)]
@@ -231,59 +114,6 @@ impl Redactor {
     }
 }
 
-/// Apply `edits` to one JSON object (a chunk or a whole response).
-pub fn edit_json(json: &[u8], edits: &Edits) -> Option<Bytes> {
-    let chunk: ChunkLite<'_> = serde_json::from_slice(json).ok()?;
-    let mut splices = Vec::new();
-    let offset = |raw: &RawValue| (raw.get().as_ptr() as usize).checked_sub(json.as_ptr() as usize);
-    if let (Some(to), Some(raw)) = (&edits.rename_model, chunk.model) {
-        if raw.get().starts_with('"') {
-            let start = offset(raw)?;
-            splices.push(Splice {
-                span: start..start + raw.get().len(),
-                with: edit::json_string(to),
-            });
-        }
-    }
-    if let (Some(id), Some(raw)) = (&edits.fill_id, chunk.id) {
-        if raw.get() == "\"\"" {
-            let start = offset(raw)?;
-            splices.push(Splice {
-                span: start..start + raw.get().len(),
-                with: edit::json_string(id),
-            });
-        }
-    }
-    let mut out = edit::apply(&Bytes::copy_from_slice(json), splices);
-    if edits.normalize_finish {
-        let needle: &[u8] = br#""finish_reason":"stop_sequence""#;
-        if out.windows(needle.len()).any(|w| w == needle) {
-            let text = String::from_utf8_lossy(&out).replace(
-                r#""finish_reason":"stop_sequence""#,
-                r#""finish_reason":"stop""#,
-            );
-            out = Bytes::from(text);
-        }
-    }
-    Some(out)
-}
-
-/// The usage of a whole (non-streamed) response; `Err` when the body is not JSON at all (valid
-/// JSON of an unexpected shape is `Ok(None)`).
-pub fn whole_usage(json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
-    /// Only `usage` is read; the rest is skipped (and checked to be JSON) without allocating.
-    #[derive(Deserialize)]
-    struct Whole {
-        #[serde(default)]
-        usage: Option<Usage>,
-    }
-    match serde_json::from_slice::<Whole>(json) {
-        Ok(c) => Ok(c.usage),
-        Err(e) if is_json(json, &e) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Streaming,
@@ -293,6 +123,7 @@ enum Phase {
 /// A streamed backend response on its way to the client (`B`: the backend's body; generic so
 /// the observer can be driven without a connection).
 pub struct ObservedStream<B = Incoming> {
+    api: &'static dyn ClientApi,
     upstream: B,
     scanner: SseScanner,
     edits: Edits,
@@ -312,6 +143,7 @@ pub struct ObservedStream<B = Incoming> {
 
 impl<B> ObservedStream<B> {
     pub fn new(
+        api: &'static dyn ClientApi,
         upstream: B,
         edits: Edits,
         idle: Duration,
@@ -320,6 +152,7 @@ impl<B> ObservedStream<B> {
         settle: Settle,
     ) -> Self {
         ObservedStream {
+            api,
             upstream,
             scanner: SseScanner::new(),
             redactor: Redactor::new(edits.redact.as_deref()),
@@ -384,7 +217,7 @@ impl<B> ObservedStream<B> {
             let (mut first, mut complete, mut invalid) = (None, 0usize, false);
             while let Some(event) = self.scanner.next_event() {
                 if let Some(payload) = event_data_borrowed(&event) {
-                    let seen = inspect(&payload);
+                    let seen = self.api.inspect(&payload);
                     if seen.invalid {
                         invalid = true;
                         break;
@@ -418,7 +251,7 @@ impl<B> ObservedStream<B> {
                 batch.extend_from_slice(&event); // a comment or keep-alive: as it came
                 continue;
             };
-            let seen = inspect(&payload);
+            let seen = self.api.inspect(&payload);
             if seen.invalid {
                 if !batch.is_empty() {
                     self.send(batch.freeze());
@@ -430,11 +263,13 @@ impl<B> ObservedStream<B> {
             if seen.usage_only && self.edits.strip_usage {
                 continue;
             }
-            if seen.done {
-                batch.extend_from_slice(b"data: [DONE]\n\n");
+            if let (true, Some(end)) = (seen.done, self.api.end_event()) {
+                batch.extend_from_slice(end);
                 continue;
             }
-            let edited = edit_json(&payload, &self.edits)
+            let edited = self
+                .api
+                .edit(&payload, &self.edits)
                 .unwrap_or_else(|| Bytes::copy_from_slice(&payload));
             // One `data:` line per line of the payload: data sent on several lines (valid JSON
             // with line breaks as whitespace) must not lose its later lines (found by fuzzing).
@@ -458,7 +293,7 @@ impl<B> ObservedStream<B> {
         let rest = self.scanner.take_rest();
         let mut rest_invalid = false;
         if let Some(payload) = event_data_borrowed(&rest) {
-            let seen = inspect(&payload);
+            let seen = self.api.inspect(&payload);
             rest_invalid = seen.invalid;
             if !seen.invalid {
                 self.observe(seen);
@@ -470,7 +305,9 @@ impl<B> ObservedStream<B> {
         }
         if !self.saw_done {
             if self.saw_error {
-                self.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                if let Some(end) = self.api.end_event() {
+                    self.out.push_back(Bytes::from_static(end));
+                }
             } else {
                 self.interrupt("the backend ended the stream before it was complete");
                 return;
@@ -499,11 +336,7 @@ impl<B> ObservedStream<B> {
             "The backend stopped in the middle of the answer ({why}). The answer is incomplete."
         ))
         .with_code("backend_stream_interrupted");
-        let mut event = BytesMut::new();
-        event.extend_from_slice(b"data: ");
-        event.extend_from_slice(err.body_json().as_bytes());
-        event.extend_from_slice(b"\n\ndata: [DONE]\n\n");
-        self.out.push_back(event.freeze());
+        self.out.push_back(self.api.stream_error_event(&err));
         self.settle.record.error = Some("stream_interrupted".into());
         self.phase = Phase::Done;
     }
@@ -568,33 +401,6 @@ mod tests {
     use super::*;
     use crate::telemetry::access::AccessRecord;
 
-    #[test]
-    fn inspect_chunks() {
-        let s = inspect(br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#);
-        assert!(!s.text);
-        let s = inspect(br#"{"choices":[{"index":0,"delta":{"content":"Hi"}}],"usage":null}"#);
-        assert!(s.text && s.usage.is_none());
-        let s = inspect(br#"{"choices":[],"usage":{"prompt_tokens":10,"total_tokens":16,"completion_tokens":6}}"#);
-        assert!(s.usage_only);
-        assert_eq!(
-            s.usage,
-            Some(Usage {
-                prompt_tokens: 10,
-                completion_tokens: 6
-            })
-        );
-        assert!(inspect(b"[DONE]").done);
-        assert!(
-            inspect(br#"{"error":{"message":"Model is overloaded","http_status_code":422}}"#).error
-        );
-        assert!(inspect(br#"{"choices":[{"text":" sh","index":0}]}"#).text);
-        // A wrong type early, then garbage: not JSON (found by fuzzing).
-        assert!(inspect(b"{\"choices\":0 \x82garbage").invalid);
-        assert!(!inspect(br#"{"choices":0}"#).invalid);
-        assert!(whole_usage(b"{\"usage\":5 garbage").is_err());
-        assert_eq!(whole_usage(br#"{"usage":5}"#).ok(), Some(None));
-    }
-
     /// A config with one vLLM backend, and that backend.
     fn one_backend() -> (crate::config::Config, Arc<Backend>) {
         let config = crate::config::from_str(
@@ -629,6 +435,7 @@ mod tests {
                         .collect();
                 let body = http_body_util::StreamBody::new(futures_util::stream::iter(chunks));
                 let observed = ObservedStream::new(
+                    crate::api::CHAT,
                     body,
                     Edits {
                         rename_model: rename.clone(),
@@ -668,6 +475,7 @@ mod tests {
         let (config, backend) = one_backend();
         let run = |body: &'static [u8]| {
             let stream = ObservedStream::new(
+                crate::api::CHAT,
                 http_body_util::Full::new(Bytes::from_static(body)),
                 Edits::default(),
                 Duration::from_secs(60),
@@ -687,6 +495,7 @@ mod tests {
         assert_eq!(&out[..], b"data: [DONE]\n\n");
         // Edited, data on two lines: both stay data lines (found by fuzzing).
         let stream = ObservedStream::new(
+            crate::api::CHAT,
             http_body_util::Full::new(Bytes::from_static(
                 b"data: {\"usage\":\ndata: null}\n\ndata: [DONE]\n\n",
             )),
@@ -705,46 +514,123 @@ mod tests {
             b"data: {\"usage\":\ndata: null}\n\ndata: [DONE]\n\n"
         );
     }
+}
 
-    #[test]
-    fn edits_rename_fill_and_normalise() {
-        let edits = Edits {
-            rename_model: Some("llama3".into()),
-            fill_id: Some("chatcmpl-x".into()),
-            normalize_finish: true,
-            strip_usage: false,
-            redact: None,
-        };
-        let out = edit_json(
-            br#"{"id":"","model":"llama-3.1-8b","choices":[{"finish_reason":"stop_sequence"}]}"#,
-            &edits,
-        )
-        .unwrap();
-        assert_eq!(
-            &out[..],
-            br#"{"id":"chatcmpl-x","model":"llama3","choices":[{"finish_reason":"stop"}]}"#
-        );
+#[cfg(test)]
+mod seam_tests {
+    use super::*;
+    use crate::api::{wire, TokenizeForm, CHAT};
+    use crate::telemetry::access::AccessRecord;
+    use crate::openai::edit::Splice;
+    use crate::openai::RequestFields;
+    use axum::response::Response;
+
+    /// An API whose stream has no end marker and whose terminal error is a typed event (as the
+    /// next APIs have): the observer follows it without knowing it.
+    struct Typed;
+
+    impl ClientApi for Typed {
+        fn path(&self) -> &'static str {
+            "/typed"
+        }
+        fn label(&self) -> &'static str {
+            "typed"
+        }
+        fn parse(&self, body: &[u8]) -> Result<RequestFields, ApiError> {
+            CHAT.parse(body)
+        }
+        fn streams(&self, fields: &RequestFields) -> bool {
+            fields.stream
+        }
+        fn expected_output(&self, _: &RequestFields, default: u64) -> u64 {
+            default
+        }
+        fn rename_model(&self, fields: &RequestFields, to: &str) -> Splice {
+            CHAT.rename_model(fields, to)
+        }
+        fn force_stream_usage(&self, _: &[u8], _: &RequestFields) -> Option<Splice> {
+            None
+        }
+        fn inspect(&self, data: &[u8]) -> Seen {
+            let mut seen = wire::inspect(data);
+            seen.done = data.starts_with(br#"{"type":"done""#);
+            seen
+        }
+        fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
+            wire::whole_usage(json)
+        }
+        fn edit(&self, json: &[u8], edits: &Edits) -> Option<Bytes> {
+            wire::edit_json(json, edits)
+        }
+        fn end_event(&self) -> Option<&'static [u8]> {
+            None
+        }
+        fn stream_error_event(&self, err: &ApiError) -> Bytes {
+            Bytes::from(format!("event: error\ndata: {}\n\n", err.body_json()))
+        }
+        fn error_response(&self, err: ApiError) -> Response {
+            wire::error_response(err)
+        }
+        fn id_prefix(&self) -> &'static str {
+            "typed-"
+        }
+        fn native(&self, _: crate::config::BackendKind) -> bool {
+            true
+        }
+        fn tokenize_form(&self, _: &[u8]) -> Option<TokenizeForm> {
+            None
+        }
     }
 
-    #[test]
-    fn whole_usage_reads_usage_and_rejects_what_is_not_json() {
-        let whole = br#"{"id":"x","choices":[{"message":{"content":"\"usage\": 9"}}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#;
-        let u = whole_usage(whole).unwrap().unwrap();
-        assert_eq!((u.prompt_tokens, u.completion_tokens), (1, 2));
-        assert_eq!(whole_usage(br#"{"id":"x","choices":[]}"#).unwrap(), None);
-        assert_eq!(
-            whole_usage(br#"{"usage":"soon"}"#).unwrap(),
-            None,
-            "JSON of another shape"
+    static TYPED: &dyn ClientApi = &Typed;
+
+    async fn observe(stream: &'static [u8], edits: Edits) -> String {
+        use http_body_util::BodyExt;
+        let config = crate::config::from_str(
+            "[[backends]]\nname = \"b\"\nkind = \"vllm\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n",
+            "t",
+        )
+        .unwrap();
+        let backend = Arc::new(Backend::new(
+            config.backends[0].clone(),
+            Arc::new(crate::fleet::BackendState::new()),
+        ));
+        let observed = ObservedStream::new(
+            TYPED,
+            http_body_util::Full::new(Bytes::from_static(stream)),
+            edits,
+            Duration::from_secs(60),
+            backend,
+            config.health.clone(),
+            Settle::new(AccessRecord::new("r".into(), "typed", Instant::now())),
         );
-        assert_eq!(whole_usage(b"[1,2]").unwrap(), None);
-        assert!(
-            whole_usage(br#"{"usage":{"prompt_tokens":1"#).is_err(),
-            "cut body"
-        );
-        assert!(
-            whole_usage(b"data: {}\n\n").is_err(),
-            "an event stream is not JSON"
-        );
+        let out = observed.collect().await.unwrap().to_bytes();
+        String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_observer_follows_the_api_it_is_given() {
+        let whole = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"type\":\"done\"}\n\n";
+        // Its own end event ends the stream; no `[DONE]` is added, edited or not.
+        for edits in [
+            Edits::default(),
+            Edits {
+                rename_model: Some("x".into()),
+                ..Edits::default()
+            },
+        ] {
+            let out = observe(whole, edits).await;
+            assert!(out.ends_with("data: {\"type\":\"done\"}\n\n"), "{out}");
+            assert!(!out.contains("[DONE]"), "{out}");
+        }
+        // Cut before its end: its own terminal error event, nothing after it.
+        let out = observe(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n",
+            Edits::default(),
+        )
+        .await;
+        assert!(out.contains("\"hi\""), "{out}");
+        assert!(out.ends_with("\n\n") && out.contains("event: error\ndata: {\"error\":"));
+        assert!(!out.contains("[DONE]"), "{out}");
     }
 }

@@ -20,23 +20,30 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, Request, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde_json::json;
 
 use super::admin_auth::{ops_exposed_without_token, AdminAuth, AdminRefusal};
+use crate::api::{self as client_api, ClientApi};
 use crate::fleet::{BackendView, Health};
 use crate::gateway::Gateway;
-use crate::openai::{ApiError, Endpoint};
+use crate::openai::ApiError;
 use crate::proxy;
 use crate::telemetry::metrics as m;
 
 /// The client-facing router (plus operations, unless `with_ops` is false).
 pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
     let mut r = Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
+        .route(client_api::CHAT.path(), inference(client_api::CHAT))
+        .route(
+            client_api::COMPLETIONS.path(),
+            inference(client_api::COMPLETIONS),
+        )
+        .route(
+            client_api::EMBEDDINGS.path(),
+            inference(client_api::EMBEDDINGS),
+        )
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
         .route("/healthz", get(healthz))
@@ -175,16 +182,9 @@ fn finish(r: Router<Arc<Gateway>>, gw: Arc<Gateway>) -> Router {
     r.with_state(gw)
 }
 
-async fn chat(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Response {
-    proxy::handle(gw, Endpoint::Chat, req).await
-}
-
-async fn completions(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Response {
-    proxy::handle(gw, Endpoint::Completions, req).await
-}
-
-async fn embeddings(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Response {
-    proxy::handle(gw, Endpoint::Embeddings, req).await
+/// The route of one client API: `POST` its path through the request path.
+fn inference(api: &'static dyn ClientApi) -> MethodRouter<Arc<Gateway>> {
+    post(move |State(gw): State<Arc<Gateway>>, req: Request<Body>| proxy::handle(gw, api, req))
 }
 
 async fn not_found(uri: Uri) -> Response {

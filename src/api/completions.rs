@@ -1,0 +1,158 @@
+//! OpenAI (legacy) completions, `POST /v1/completions`: the prompt is `prompt` (a string or an
+//! array), streamed on `stream: true` with usage forced by `stream_options.include_usage`; a
+//! string prompt can be counted by a tokenizer as it is. Every backend kind speaks it natively.
+
+use axum::response::Response;
+use bytes::Bytes;
+
+use super::{wire, ClientApi, Edits, Seen, TokenizeForm, Usage};
+use crate::config::BackendKind;
+use crate::openai::edit::{self, Splice};
+use crate::openai::request::{self, PromptField};
+use crate::openai::{ApiError, RequestFields};
+
+/// Completions.
+pub struct Completions;
+
+/// The completions API.
+pub static COMPLETIONS: &dyn ClientApi = &Completions;
+
+impl ClientApi for Completions {
+    fn path(&self) -> &'static str {
+        "/v1/completions"
+    }
+
+    fn label(&self) -> &'static str {
+        "completions"
+    }
+
+    fn parse(&self, body: &[u8]) -> Result<RequestFields, ApiError> {
+        request::parse(PromptField::Prompt, body)
+    }
+
+    fn streams(&self, fields: &RequestFields) -> bool {
+        fields.stream
+    }
+
+    fn expected_output(&self, fields: &RequestFields, default: u64) -> u64 {
+        wire::expected_output(fields, default)
+    }
+
+    fn rename_model(&self, fields: &RequestFields, to: &str) -> Splice {
+        edit::rename_model(fields, to)
+    }
+
+    fn force_stream_usage(&self, body: &[u8], fields: &RequestFields) -> Option<Splice> {
+        edit::force_include_usage(body, fields)
+    }
+
+    fn inspect(&self, data: &[u8]) -> Seen {
+        wire::inspect(data)
+    }
+
+    fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
+        wire::whole_usage(json)
+    }
+
+    fn edit(&self, json: &[u8], edits: &Edits) -> Option<Bytes> {
+        wire::edit_json(json, edits)
+    }
+
+    fn end_event(&self) -> Option<&'static [u8]> {
+        Some(wire::DONE_EVENT)
+    }
+
+    fn stream_error_event(&self, err: &ApiError) -> Bytes {
+        wire::stream_error_event(err)
+    }
+
+    fn error_response(&self, err: ApiError) -> Response {
+        wire::error_response(err)
+    }
+
+    fn id_prefix(&self) -> &'static str {
+        "cmpl-"
+    }
+
+    fn native(&self, _kind: BackendKind) -> bool {
+        true
+    }
+
+    fn tokenize_form(&self, prompt: &[u8]) -> Option<TokenizeForm> {
+        // Token ids and batches of prompts are not one text to count.
+        (prompt.first() == Some(&b'"')).then_some(TokenizeForm::Prompt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routed_fields_and_output() {
+        let body = br#"{"model":"m","stream":true,"max_tokens":7,"prompt":"abcdabcd"}"#;
+        let f = COMPLETIONS.parse(body).unwrap();
+        assert_eq!(f.prompt_field, PromptField::Prompt);
+        assert_eq!(&body[f.prompt_span.clone()], br#""abcdabcd""#);
+        assert_eq!(f.prompt_tokens_estimate, 3);
+        assert!(COMPLETIONS.streams(&f));
+        assert_eq!(COMPLETIONS.expected_output(&f, 100), 7);
+        assert!(COMPLETIONS.parse(br#"{"model":"m","prompt":5}"#).is_err());
+        assert!(COMPLETIONS
+            .parse(br#"{"model":"m","messages":[]}"#)
+            .is_err());
+        assert_eq!(
+            (
+                COMPLETIONS.path(),
+                COMPLETIONS.label(),
+                COMPLETIONS.id_prefix()
+            ),
+            ("/v1/completions", "completions", "cmpl-")
+        );
+        assert_eq!(
+            COMPLETIONS.tokenize_form(br#""once""#),
+            Some(TokenizeForm::Prompt)
+        );
+        assert_eq!(COMPLETIONS.tokenize_form(b"[1,2,3]"), None);
+        assert!(COMPLETIONS.native(BackendKind::Tgi));
+    }
+
+    #[test]
+    fn usage_whole_and_streamed() {
+        let whole = br#"{"id":"","choices":[{"text":"x","finish_reason":"stop_sequence"}],"usage":{"prompt_tokens":2,"completion_tokens":5}}"#;
+        let u = COMPLETIONS.whole_usage(whole).unwrap().unwrap();
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (2, 5));
+        let edits = Edits {
+            fill_id: Some("cmpl-r".into()),
+            normalize_finish: true,
+            ..Edits::default()
+        };
+        let out = COMPLETIONS.edit(whole, &edits).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            (v["id"].as_str(), v["choices"][0]["finish_reason"].as_str()),
+            (Some("cmpl-r"), Some("stop"))
+        );
+        assert!(
+            COMPLETIONS
+                .inspect(br#"{"choices":[{"text":" sh","index":0}]}"#)
+                .text
+        );
+        assert!(
+            !COMPLETIONS
+                .inspect(br#"{"choices":[{"text":"","index":0}]}"#)
+                .text
+        );
+        assert!(COMPLETIONS.inspect(b"[DONE]").done);
+        assert_eq!(COMPLETIONS.end_event(), Some(&b"data: [DONE]\n\n"[..]));
+    }
+
+    #[test]
+    fn errors_are_openai_shaped() {
+        let event = COMPLETIONS.stream_error_event(&ApiError::bad_gateway("cut"));
+        assert!(event.starts_with(b"data: {\"error\":{\"message\":\"cut\""));
+        assert!(event.ends_with(b"\n\ndata: [DONE]\n\n"));
+        let resp = COMPLETIONS.error_response(ApiError::payload_too_large(10));
+        assert_eq!(resp.status(), 413);
+    }
+}

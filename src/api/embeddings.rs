@@ -1,0 +1,130 @@
+//! OpenAI embeddings, `POST /v1/embeddings`: the input is `input` (a string or an array); the
+//! answer is never streamed (a `stream` field is ignored) and produces no output tokens. No
+//! tokenizer form: the estimate stands. Every backend kind is sent it as it is.
+
+use axum::response::Response;
+use bytes::Bytes;
+
+use super::{wire, ClientApi, Edits, Seen, TokenizeForm, Usage};
+use crate::config::BackendKind;
+use crate::openai::edit::{self, Splice};
+use crate::openai::request::{self, PromptField};
+use crate::openai::{ApiError, RequestFields};
+
+/// Embeddings.
+pub struct Embeddings;
+
+/// The embeddings API.
+pub static EMBEDDINGS: &dyn ClientApi = &Embeddings;
+
+impl ClientApi for Embeddings {
+    fn path(&self) -> &'static str {
+        "/v1/embeddings"
+    }
+
+    fn label(&self) -> &'static str {
+        "embeddings"
+    }
+
+    fn parse(&self, body: &[u8]) -> Result<RequestFields, ApiError> {
+        request::parse(PromptField::Input, body)
+    }
+
+    fn streams(&self, _fields: &RequestFields) -> bool {
+        false
+    }
+
+    fn expected_output(&self, _fields: &RequestFields, _default: u64) -> u64 {
+        0
+    }
+
+    fn rename_model(&self, fields: &RequestFields, to: &str) -> Splice {
+        edit::rename_model(fields, to)
+    }
+
+    fn force_stream_usage(&self, body: &[u8], fields: &RequestFields) -> Option<Splice> {
+        edit::force_include_usage(body, fields)
+    }
+
+    fn inspect(&self, data: &[u8]) -> Seen {
+        wire::inspect(data)
+    }
+
+    fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
+        wire::whole_usage(json)
+    }
+
+    fn edit(&self, json: &[u8], edits: &Edits) -> Option<Bytes> {
+        wire::edit_json(json, edits)
+    }
+
+    fn end_event(&self) -> Option<&'static [u8]> {
+        Some(wire::DONE_EVENT)
+    }
+
+    fn stream_error_event(&self, err: &ApiError) -> Bytes {
+        wire::stream_error_event(err)
+    }
+
+    fn error_response(&self, err: ApiError) -> Response {
+        wire::error_response(err)
+    }
+
+    fn id_prefix(&self) -> &'static str {
+        "embd-"
+    }
+
+    fn native(&self, _kind: BackendKind) -> bool {
+        true
+    }
+
+    fn tokenize_form(&self, _prompt: &[u8]) -> Option<TokenizeForm> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routed_fields_and_output() {
+        let f = EMBEDDINGS
+            .parse(br#"{"model":"m","input":["a","b"]}"#)
+            .unwrap();
+        assert_eq!(f.prompt_field, PromptField::Input);
+        assert_eq!(EMBEDDINGS.expected_output(&f, 100), 0);
+        let f = EMBEDDINGS
+            .parse(br#"{"model":"m","stream":true,"max_tokens":9,"input":"a"}"#)
+            .unwrap();
+        assert!(!EMBEDDINGS.streams(&f), "embeddings are never streamed");
+        assert_eq!(EMBEDDINGS.expected_output(&f, 100), 0);
+        assert!(EMBEDDINGS.parse(br#"{"model":"m"}"#).is_err());
+        assert_eq!(
+            (
+                EMBEDDINGS.path(),
+                EMBEDDINGS.label(),
+                EMBEDDINGS.id_prefix()
+            ),
+            ("/v1/embeddings", "embeddings", "embd-")
+        );
+        assert_eq!(EMBEDDINGS.tokenize_form(br#""x""#), None);
+        assert!(EMBEDDINGS.native(BackendKind::Ollama));
+    }
+
+    #[test]
+    fn usage_of_a_whole_answer() {
+        let whole = br#"{"object":"list","data":[{"embedding":[0.1]}],"usage":{"prompt_tokens":4,"total_tokens":4}}"#;
+        let u = EMBEDDINGS.whole_usage(whole).unwrap().unwrap();
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (4, 0));
+        assert!(EMBEDDINGS.whole_usage(b"data: {}").is_err());
+    }
+
+    #[test]
+    fn errors_are_openai_shaped() {
+        let resp = EMBEDDINGS.error_response(ApiError::bad_request("no"));
+        assert_eq!(resp.status(), 400);
+        let event = EMBEDDINGS.stream_error_event(&ApiError::bad_gateway("x"));
+        assert!(event.ends_with(b"data: [DONE]\n\n"));
+    }
+}
