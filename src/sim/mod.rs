@@ -77,6 +77,7 @@
 //! - Not simulated: API keys, vLLM `/load` and `/v1/responses`, TGI `/chat_tokenize` and
 //!   platform routes, Ollama model management (`/api/pull`, …) and legacy `/api/embeddings`.
 
+mod anthropic;
 pub mod config;
 mod engine;
 pub mod fault;
@@ -84,6 +85,7 @@ mod gen;
 mod metrics;
 mod ollama;
 mod openai_surface;
+mod responses;
 mod server;
 mod text;
 mod tgi;
