@@ -554,11 +554,19 @@ fn run_background(
     json(StatusCode::OK, JSON, body)
 }
 
-/// One SSE event of the Responses stream.
+/// One SSE event of the Responses stream: `fields` are the event's own fields (each followed by
+/// a comma), placed in alphabetical order around `sequence_number` as vLLM sends them.
 fn event(kind: &str, seq: &mut u32, fields: &str) -> String {
     let s = *seq;
     *seq += 1;
-    format!("event: {kind}\ndata: {{{fields}\"sequence_number\":{s},\"type\":\"{kind}\"}}\n\n")
+    // `text` is the only field sorting after `sequence_number` (in `output_text.done`)
+    let (before, after) = match fields.find("\"text\":") {
+        Some(i) if kind == "response.output_text.done" => fields.split_at(i),
+        _ => (fields, ""),
+    };
+    format!(
+        "event: {kind}\ndata: {{{before}\"sequence_number\":{s},{after}\"type\":\"{kind}\"}}\n\n"
+    )
 }
 
 fn stream(
