@@ -338,6 +338,18 @@ async fn the_store_keeps_responses_and_continues_conversations() {
             fixture_body("store-responses-previous-unknown.http").as_str()
         )
     );
+    // background with stream: streamed, then kept
+    let s = post(
+        &url,
+        "/v1/responses",
+        json!({"input":"x","max_output_tokens":3,"stream":true,"background":true}),
+    )
+    .await;
+    let evs = typed_events(&s.body);
+    let sid = v(&evs[0].1)["response"]["id"].as_str().unwrap().to_string();
+    let (_, body) = get(&url, &format!("/v1/responses/{sid}")).await;
+    assert_eq!(v(&body)["status"], "incomplete");
+    assert_eq!(v(&body)["background"], true);
     // store: false is not kept
     let e = post(&url, "/v1/responses", json!({"input":"x","store":false})).await;
     let eid = v(&e.body)["id"].as_str().unwrap().to_string();

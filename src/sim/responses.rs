@@ -14,8 +14,9 @@
 //!   `response.content_part.done`, `response.output_item.done`, `response.completed` (also when
 //!   the status is `incomplete`), numbered by `sequence_number`, and no `[DONE]`.
 //! - The store lives in this process only (another replica answers 404, as vLLM does). With the
-//!   store off, `store: true` is silently dropped and `background: true` is a 400; a stored
-//!   response is only ever replaced by its final state while it is not `cancelled`.
+//!   store off, `store: true` is silently dropped and `background: true` is a 400. A response is
+//!   stored when it is complete (a background one at once, as `queued`); a `cancelled` one is
+//!   never replaced.
 //! - Cancelling a background response aborts its task, which drops its generation: the engine
 //!   frees the sequence at its next step (counted as aborted).
 
@@ -361,6 +362,22 @@ impl ResponseStore {
         );
     }
 
+    /// Store the final state of `doc`, unless it was cancelled meanwhile.
+    fn finish(&self, doc: Doc, turns: Vec<Turn>) {
+        let mut g = self.lock();
+        if g.get(&doc.id).is_some_and(|e| e.doc.status == "cancelled") {
+            return;
+        }
+        g.insert(
+            doc.id.clone(),
+            Entry {
+                doc,
+                turns,
+                task: None,
+            },
+        );
+    }
+
     /// Replace the stored state of `doc`, unless it was cancelled meanwhile.
     fn update(&self, doc: &Doc) {
         if let Some(e) = self.lock().get_mut(&doc.id) {
@@ -501,10 +518,17 @@ pub(super) async fn create(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<S
     };
     let doc = Doc::new(&r, model, background);
     let turns = store.then_some(turns);
-    if background {
+    let streamed = r.stream.unwrap_or(false);
+    if background && !streamed {
         return run_background(sim, gen, doc, turns.unwrap_or_default());
     }
-    if r.stream.unwrap_or(false) {
+    if streamed {
+        if background {
+            // findable (and cancellable in the store) while it streams
+            let mut queued = doc.clone();
+            queued.status = "queued";
+            sim.responses.put(queued, turns.clone().unwrap_or_default());
+        }
         return stream(sim, gen, doc, turns);
     }
     whole(sim, gen, doc, turns).await
@@ -520,7 +544,7 @@ async fn whole(
     doc.finish(&gen.plan, gen.cached);
     let body = doc.render();
     if let Some(turns) = turns {
-        sim.responses.put(doc, turns);
+        sim.responses.finish(doc, turns);
     }
     json(StatusCode::OK, JSON, body)
 }
@@ -628,7 +652,7 @@ fn stream(
             ("response.completed", format!("\"response\":{},", doc.render())),
         ];
         if let Some(turns) = turns {
-            sim2.responses.put(doc, turns);
+            sim2.responses.finish(doc, turns);
         }
         for (kind, fields) in done {
             if !sink.send(event(kind, &mut seq, &fields)).await {
