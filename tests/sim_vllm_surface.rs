@@ -505,8 +505,8 @@ async fn background_responses_are_queued_polled_and_cancelled() {
 
 #[tokio::test]
 async fn messages_match_the_capture() {
-    let sim = start(SimKind::Vllm, &["tiny"], |c| c.speed(0.0)).await;
-    let req = json!({"model":"tiny","max_tokens":8,"system":"You are terse.","messages":[
+    let sim = start(SimKind::Vllm, &["tiny", "alias"], |c| c.speed(0.0)).await;
+    let req = json!({"model":"alias","max_tokens":8,"system":"You are terse.","messages":[
         {"role":"user","content":"Hello"},
         {"role":"assistant","content":[{"type":"text","text":"Hi."}]},
         {"role":"user","content":"How are you?"}],
@@ -759,4 +759,43 @@ async fn the_new_paths_count_in_the_engine_metrics() {
         .find(|l| l.starts_with("vllm:request_success_total{") && l.contains("length"))
         .unwrap();
     assert!(line.ends_with(" 4.0"), "{line}");
+}
+
+#[tokio::test]
+async fn a_continued_conversation_hits_the_prefix_cache() {
+    let sim = start(SimKind::Vllm, &["tiny"], |c| {
+        c.speed(50.0).responses_store(true)
+    })
+    .await;
+    let url = sim.url();
+    let long = "Tell me everything about the history of the river and its bridges. ".repeat(8);
+    let a = post(
+        &url,
+        "/v1/responses",
+        json!({"input":long,"max_output_tokens":4}),
+    )
+    .await;
+    let first = v(&a.body);
+    assert_eq!(first["usage"]["input_tokens_details"]["cached_tokens"], 0);
+    let b = post(
+        &url,
+        "/v1/responses",
+        json!({"input":"Go on.","max_output_tokens":4,"previous_response_id":first["id"]}),
+    )
+    .await;
+    let second = v(&b.body);
+    let cached = second["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let input1 = first["usage"]["input_tokens"].as_u64().unwrap();
+    // the first prompt's whole blocks are the second prompt's prefix
+    assert!(
+        cached >= input1 / 16 * 16 - 16 && cached > 0,
+        "{cached} of {input1}"
+    );
+    let st = state(&client(), &url).await;
+    assert_eq!(
+        st["models"][0]["prefix_cache_hits"].as_u64().unwrap(),
+        cached
+    );
 }

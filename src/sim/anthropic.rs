@@ -215,8 +215,8 @@ pub(super) async fn messages(sim: &Arc<Sim>, req: Request<Incoming>) -> Response
     };
     let r_id: u64 = rand::random();
     let id = format!("chatcmpl-{r_id:016x}");
-    // the Anthropic route echoes the requested model
-    let model_json = js(r.model.as_deref().unwrap_or(model));
+    // converted from the chat answer, so the served (first) name, like chat
+    let model_json = js(model);
     if !r.stream.unwrap_or(false) {
         gen.run_to_end().await;
         let p = &gen.plan;
