@@ -217,21 +217,26 @@ pub(super) async fn messages(sim: &Arc<Sim>, req: Request<Incoming>) -> Response
     let id = format!("chatcmpl-{r_id:016x}");
     // converted from the chat answer, so the served (first) name, like chat
     let model_json = js(model);
-    if !r.stream.unwrap_or(false) {
-        gen.run_to_end().await;
-        let p = &gen.plan;
-        return json(
-            StatusCode::OK,
-            JSON,
-            format!(
-                "{{\"id\":\"{id}\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[{{\"type\":\"text\",\"text\":{}}}],\"model\":{model_json},\"stop_reason\":\"{}\",\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}}}}}",
-                js(&p.text(0, p.words.len())),
-                stop_reason(p.finish),
-                p.prompt_tokens(),
-                p.completion_tokens()
-            ),
-        );
+    if r.stream.unwrap_or(false) {
+        return stream(sim, gen, id, model_json);
     }
+    gen.run_to_end().await;
+    let p = &gen.plan;
+    json(
+        StatusCode::OK,
+        JSON,
+        format!(
+            "{{\"id\":\"{id}\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[{{\"type\":\"text\",\"text\":{}}}],\"model\":{model_json},\"stop_reason\":\"{}\",\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}}}}}",
+            js(&p.text(0, p.words.len())),
+            stop_reason(p.finish),
+            p.prompt_tokens(),
+            p.completion_tokens()
+        ),
+    )
+}
+
+/// The Anthropic event stream of one generation.
+fn stream(sim: &Arc<Sim>, mut gen: Gen, id: String, model_json: String) -> Response<SimBody> {
     stream_response(sim, StatusCode::OK, SSE, move |mut sink| async move {
         let ev = |kind: &str, data: String| format!("event: {kind}\ndata: {data}\n\n");
         let input = gen.plan.prompt_tokens();

@@ -16,7 +16,8 @@
 //! - The store lives in this process only (another replica answers 404, as vLLM does). With the
 //!   store off, `store: true` is silently dropped and `background: true` is a 400. A response is
 //!   stored when it is complete (a background one at once, as `queued`); a `cancelled` one is
-//!   never replaced.
+//!   never replaced. Like vLLM's, the store is never evicted: it grows with every stored
+//!   response for the life of the process.
 //! - Cancelling a background response aborts its task, which drops its generation: the engine
 //!   frees the sequence at its next step (counted as aborted).
 
@@ -453,46 +454,10 @@ pub(super) async fn create(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<S
     let Ok(body) = read_body(req).await else {
         return too_large();
     };
-    let r: ResponsesRequest = match vllm::parse(&body) {
-        Ok(r) => r,
+    let (r, turns) = match prepare(sim, &body) {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
-    let background = r.background.unwrap_or(false);
-    if background && r.store == Some(false) {
-        // pydantic's model validator, before the handler runs
-        return vllm::error(
-            StatusCode::BAD_REQUEST,
-            &format!(
-                "1 validation error:\n  {{'type': 'value_error', 'loc': 'body', 'msg': 'Value error, background can only be used when `store` is true', 'input': '<dict of {} items>'}}",
-                vllm::count_keys(&body)
-            ),
-            "Bad Request",
-            Some("body"),
-        );
-    }
-    let Some(input) = &r.input else {
-        return vllm::missing(&body, "input");
-    };
-    if let Some(resp) = vllm::check_model(sim, r.model.as_deref()) {
-        return resp;
-    }
-    let store = r.store.unwrap_or(true) && sim.config.responses_store;
-    if background && !sim.config.responses_store {
-        return vllm::error(
-            StatusCode::BAD_REQUEST,
-            "This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
-            "invalid_request_error",
-            Some("background"),
-        );
-    }
-    let prev = match &r.previous_response_id {
-        Some(id) => match sim.responses.get(id) {
-            Some(p) => Some(p),
-            None => return not_found(id),
-        },
-        None => None,
-    };
-    let turns = conversation(&r, input, prev);
     let prompt = render(&turns);
     let prompt_tokens = text::count_tokens(&prompt) as u32;
     let cap = match vllm::max_tokens(sim, r.max_output_tokens, prompt_tokens) {
@@ -516,8 +481,9 @@ pub(super) async fn create(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<S
     let Ok(gen) = Gen::start(sim, 0, plan, None) else {
         return vllm::inference_fault_busy();
     };
+    let background = r.background.unwrap_or(false);
     let doc = Doc::new(&r, model, background);
-    let turns = store.then_some(turns);
+    let turns = (r.store.unwrap_or(true) && sim.config.responses_store).then_some(turns);
     let streamed = r.stream.unwrap_or(false);
     if background && !streamed {
         return run_background(sim, gen, doc, turns.unwrap_or_default());
@@ -532,6 +498,47 @@ pub(super) async fn create(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<S
         return stream(sim, gen, doc, turns);
     }
     whole(sim, gen, doc, turns).await
+}
+
+/// Parse and check a request in vLLM's order (pydantic, model, store, previous response);
+/// returns it with its conversation.
+fn prepare(sim: &Sim, body: &[u8]) -> Result<(ResponsesRequest, Vec<Turn>), Response<SimBody>> {
+    let r: ResponsesRequest = vllm::parse(body)?;
+    let background = r.background.unwrap_or(false);
+    if background && r.store == Some(false) {
+        // pydantic's model validator (the only error of this module not in a capture: its
+        // wording follows vLLM's validator, its framing the captured validation errors)
+        return Err(vllm::error(
+            StatusCode::BAD_REQUEST,
+            &format!(
+                "1 validation error:\n  {{'type': 'value_error', 'loc': 'body', 'msg': 'Value error, background can only be used when `store` is true (parameter=background)', 'input': '<dict of {} items>'}}",
+                vllm::count_keys(body)
+            ),
+            "Bad Request",
+            Some("body"),
+        ));
+    }
+    let Some(input) = &r.input else {
+        return Err(vllm::missing(body, "input"));
+    };
+    if let Some(resp) = vllm::check_model(sim, r.model.as_deref()) {
+        return Err(resp);
+    }
+    if background && !sim.config.responses_store {
+        return Err(vllm::error(
+            StatusCode::BAD_REQUEST,
+            "This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
+            "invalid_request_error",
+            Some("background"),
+        ));
+    }
+    // with the store off it is empty: any previous id is unknown, as in vLLM
+    let prev = match &r.previous_response_id {
+        Some(id) => Some(sim.responses.get(id).ok_or_else(|| not_found(id))?),
+        None => None,
+    };
+    let turns = conversation(&r, input, prev);
+    Ok((r, turns))
 }
 
 async fn whole(
