@@ -1,6 +1,6 @@
-//! Official Python clients (`openai`, `ollama`, `text-generation`) as oracles against the three
-//! personalities: runs tests/python/sim_oracles.py with the interpreter at `SLUICE_PYTHON` or
-//! `./.venv/bin/python`. Without an interpreter or the packages it prints a SKIP line and
+//! Official Python clients (`openai`, `anthropic`, `ollama`, `text-generation`) as oracles
+//! against the three personalities (vLLM also through its Responses and Messages APIs): runs
+//! tests/python/sim_oracles.py with the interpreter at `SLUICE_PYTHON` or `./.venv/bin/python`. Without an interpreter or the packages it prints a SKIP line and
 //! passes, unless `CI` is set, in which case it fails.
 
 use std::path::PathBuf;
@@ -29,14 +29,14 @@ async fn official_clients_accept_the_simulators() {
         return skip("no interpreter (set SLUICE_PYTHON or create ./.venv)");
     };
     let probe = tokio::process::Command::new(&py)
-        .args(["-c", "import openai, ollama, text_generation"])
+        .args(["-c", "import openai, anthropic, ollama, text_generation"])
         .output()
         .await;
     match probe {
         Ok(o) if o.status.success() => {}
         Ok(o) => {
             return skip(&format!(
-                "packages missing (pip install openai ollama text-generation): {}",
+                "packages missing (pip install -r tests/python/requirements.txt): {}",
                 String::from_utf8_lossy(&o.stderr)
                     .lines()
                     .last()
@@ -48,6 +48,15 @@ async fn official_clients_accept_the_simulators() {
     let vllm = spawn(SimConfig::new(SimKind::Vllm, vec!["tiny".into()]).speed(50.0))
         .await
         .unwrap();
+    // the Responses store on, at real speed: a background response is still running when the
+    // client cancels it
+    let vllm_store = spawn(
+        SimConfig::new(SimKind::Vllm, vec!["tiny".into()])
+            .responses_store(true)
+            .output_tokens(16, 64),
+    )
+    .await
+    .unwrap();
     let tgi = spawn(SimConfig::new(SimKind::Tgi, vec!["bigscience/bloom-560m".into()]).speed(50.0))
         .await
         .unwrap();
@@ -62,6 +71,7 @@ async fn official_clients_accept_the_simulators() {
     let run = tokio::process::Command::new(&py)
         .arg(&script)
         .env("SIM_VLLM_URL", vllm.url())
+        .env("SIM_VLLM_STORE_URL", vllm_store.url())
         .env("SIM_TGI_URL", tgi.url())
         .env("SIM_OLLAMA_URL", ollama.url())
         .env("NO_PROXY", "127.0.0.1,localhost")

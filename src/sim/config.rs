@@ -138,6 +138,10 @@ pub struct SimConfig {
     /// `prompt_tokens_details.cached_tokens` (the request's prefix-cache hit). Off by default,
     /// as in vLLM.
     pub prompt_tokens_details: bool,
+    /// vLLM `VLLM_ENABLE_RESPONSES_API_STORE=1`: the Responses API keeps responses in this
+    /// process's memory (`store`, `GET /v1/responses/{id}`, `previous_response_id`,
+    /// `background`, cancel). Off by default, as in vLLM.
+    pub responses_store: bool,
     /// Fault active at start-up (normally healthy).
     pub fault: Fault,
     /// `run` only: N >= 1 = serve on N dedicated threads, each a single-threaded runtime
@@ -187,6 +191,7 @@ impl SimConfig {
             preloaded: false,
             embedding_dim: 384,
             prompt_tokens_details: false,
+            responses_store: false,
             fault: Fault::healthy(),
             threads: 0,
         }
@@ -254,6 +259,12 @@ impl SimConfig {
     /// vLLM `--enable-prompt-tokens-details` (ignored by the other kinds).
     pub fn prompt_tokens_details(mut self, yes: bool) -> Self {
         self.prompt_tokens_details = yes;
+        self
+    }
+    /// vLLM's Responses API store (`VLLM_ENABLE_RESPONSES_API_STORE=1`; ignored by the other
+    /// kinds).
+    pub fn responses_store(mut self, yes: bool) -> Self {
+        self.responses_store = yes;
         self
     }
     /// vLLM `max_model_len`.
@@ -433,6 +444,11 @@ pub struct SimArgs {
     /// (off by default, as in vLLM).
     #[arg(long)]
     pub enable_prompt_tokens_details: bool,
+    /// vLLM: keep Responses API answers in this process's memory, like
+    /// VLLM_ENABLE_RESPONSES_API_STORE=1 (store, GET /v1/responses/{id}, previous_response_id,
+    /// background and cancel). Off by default, as in vLLM: `background` then gets a 400.
+    #[arg(long)]
+    pub enable_responses_store: bool,
     /// Fault at start-up: healthy, hang, slow, error_rate, drop_midstream, overloaded,
     /// health_fail, loading, refuse.
     #[arg(long, default_value = "healthy", value_parser = parse_mode)]
@@ -519,6 +535,7 @@ impl SimArgs {
         }
         c.preloaded = self.preloaded;
         c.prompt_tokens_details = self.enable_prompt_tokens_details;
+        c.responses_store = self.enable_responses_store;
         c.threads = self.threads;
         c.fault = Fault::from_parts(
             self.fault,

@@ -12,6 +12,8 @@
 //! - [`fault`]: run-time faults and their shared state.
 //! - `openai_surface`: the OpenAI-compatible bodies with per-engine quirks.
 //! - `vllm`, `tgi`, `ollama`: the personalities.
+//! - `responses`, `anthropic`: vLLM's OpenAI Responses API (with its response store) and its
+//!   Anthropic Messages API.
 //! - `metrics`: statistics and their Prometheus exposition per engine.
 //!
 //! # Control endpoint (stable contract)
@@ -56,6 +58,17 @@
 //!   With `--enable-prompt-tokens-details` (off by default, as in vLLM) the usage of a request
 //!   whose prompt hit the prefix cache carries `prompt_tokens_details.cached_tokens` (whole
 //!   answer and streamed usage chunk; left out on a miss, as vLLM does).
+//!
+//!   vLLM also serves `POST /v1/responses` (whole, or typed SSE events without `[DONE]`),
+//!   `POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic's shapes; validation errors
+//!   stay in OpenAI's shape, as in vLLM), `POST /detokenize` (pieces `/tokenize` has seen come
+//!   back as text) and `POST /v1/chat/completions/batch` (one choice per conversation), all
+//!   through the same engine as chat. `--enable-responses-store` (vLLM's
+//!   `VLLM_ENABLE_RESPONSES_API_STORE=1`, off by default) keeps responses in the process:
+//!   `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `previous_response_id`
+//!   (the stored conversation and its output become the prompt's prefix) and `background`
+//!   (answered at once as `queued`, `in_progress` once the engine produces its first token).
+//!   Without it, `background` gets vLLM's 400 and `store` is silently ignored.
 //! - TGI: one model (`model_id` = the first name); the Messages API echoes whatever `model` the
 //!   client sent.
 //! - Ollama: real separate models (`name:tag`, `:latest` by default), each with its own
@@ -74,9 +87,14 @@
 //!   the last generated token carries the finish reason (no separate EOS token, so TGI's
 //!   `finish_reason` is `length` or `eos_token`, never `stop_sequence`).
 //! - `error_rate` answers before the first byte (an HTTP 5xx), never inside a stream.
-//! - Not simulated: API keys, vLLM `/load` and `/v1/responses`, TGI `/chat_tokenize` and
-//!   platform routes, Ollama model management (`/api/pull`, …) and legacy `/api/embeddings`.
+//! - Not simulated: API keys, vLLM `/load`, `/pooling`, `/generative_scoring`, harmony models
+//!   (reasoning items) and tool calls in Responses or Messages output (tools are accepted and
+//!   answered with text; they do not count in the prompt), `GET /v1/responses/{id}?stream=true`
+//!   (answered as JSON), `background` together with `stream` (streamed like a foreground
+//!   response, then stored), TGI `/chat_tokenize` and platform routes, Ollama model management
+//!   (`/api/pull`, …) and legacy `/api/embeddings`.
 
+mod anthropic;
 pub mod config;
 mod engine;
 pub mod fault;
@@ -84,6 +102,7 @@ mod gen;
 mod metrics;
 mod ollama;
 mod openai_surface;
+mod responses;
 mod server;
 mod text;
 mod tgi;

@@ -274,9 +274,9 @@ impl Ctx {
         let fr = finish.as_openai();
         let usage = self.usage(prompt, completion, cached, true);
         match self.surface {
-            Surface::Vllm => format!(
-                "{{\"id\":\"{id}\",\"object\":\"chat.completion\",\"created\":{created},\"model\":{model},\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{fr}\",\"stop_reason\":null,\"token_ids\":null,\"routed_experts\":null}}],\"service_tier\":null,\"system_fingerprint\":\"{VLLM_FINGERPRINT}\",\"usage\":{usage},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}}"
-            ),
+            Surface::Vllm => {
+                self.vllm_chat_body(&[(text.to_string(), finish)], prompt, completion, cached)
+            }
             Surface::Tgi => format!(
                 "{{\"object\":\"chat.completion\",\"id\":\"\",\"created\":{created},\"model\":{model},\"system_fingerprint\":\"{TGI_FINGERPRINT}\",\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":\"{fr}\"}}],\"usage\":{usage}}}"
             ),
@@ -284,6 +284,31 @@ impl Ctx {
                 "{{\"id\":\"{id}\",\"object\":\"chat.completion\",\"created\":{created},\"model\":{model},\"system_fingerprint\":\"fp_ollama\",\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\"}},\"finish_reason\":\"{fr}\"}}],\"usage\":{usage}}}"
             ),
         }
+    }
+
+    /// vLLM's whole chat answer with one choice per `(text, finish)`: one conversation, or the
+    /// conversations of `/v1/chat/completions/batch` (usage summed over them).
+    pub(crate) fn vllm_chat_body(
+        &self,
+        choices: &[(String, Finish)],
+        prompt: u32,
+        completion: u32,
+        cached: u32,
+    ) -> String {
+        let (id, created, model) = (&self.id, self.created, &self.model_json);
+        let usage = self.usage(prompt, completion, cached, true);
+        let choices: Vec<String> = choices
+            .iter()
+            .enumerate()
+            .map(|(i, (text, finish))| format!(
+                "{{\"index\":{i},\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"reasoning\":null}},\"logprobs\":null,\"finish_reason\":\"{}\",\"stop_reason\":null,\"token_ids\":null,\"routed_experts\":null}}",
+                finish.as_openai()
+            ))
+            .collect();
+        format!(
+            "{{\"id\":\"{id}\",\"object\":\"chat.completion\",\"created\":{created},\"model\":{model},\"choices\":[{}],\"service_tier\":null,\"system_fingerprint\":\"{VLLM_FINGERPRINT}\",\"usage\":{usage},\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}}",
+            choices.join(",")
+        )
     }
 
     /// A whole text completion.

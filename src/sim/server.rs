@@ -93,6 +93,11 @@ pub(crate) struct Sim {
     /// TGI's `max_concurrent_requests` semaphore.
     pub permits: Arc<Semaphore>,
     pub started_unix: u64,
+    /// vLLM's Responses API store (empty unless `responses_store` is on).
+    pub responses: super::responses::ResponseStore,
+    /// Token id → text piece, learned from `/tokenize` calls, so `/detokenize` gives the text
+    /// back (at most one entry per id of the tokenizer's fixed id range).
+    pub vocab: std::sync::Mutex<std::collections::HashMap<u32, String>>,
 }
 
 impl Sim {
@@ -138,6 +143,8 @@ impl Sim {
             counters: Counters::new(),
             models,
             started_unix: now,
+            responses: Default::default(),
+            vocab: Default::default(),
             config,
         }
     }

@@ -26,8 +26,8 @@ use super::openai_surface::{
 use super::server::{empty, json, read_body, Sim, SimBody};
 use super::text::{self, Plan};
 
-const JSON: &str = "application/json";
-const SSE: &str = "text/event-stream; charset=utf-8";
+pub(super) const JSON: &str = "application/json";
+pub(super) const SSE: &str = "text/event-stream; charset=utf-8";
 /// The version `/version` reports.
 pub(crate) const VERSION: &str = "0.32.0";
 
@@ -72,6 +72,12 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         ("/v1/embeddings", &Method::POST) => embeddings(sim, req).await,
         ("/tokenize", &Method::POST) => tokenize(sim, req).await,
         ("/detokenize", &Method::POST) => detokenize(sim, req).await,
+        ("/v1/chat/completions/batch", &Method::POST) => chat_batch(sim, req).await,
+        ("/v1/responses", &Method::POST) => super::responses::create(sim, req).await,
+        ("/v1/messages", &Method::POST) => super::anthropic::messages(sim, req).await,
+        ("/v1/messages/count_tokens", &Method::POST) => {
+            super::anthropic::count_tokens(sim, req).await
+        }
         (
             "/health"
             | "/ping"
@@ -79,18 +85,43 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
             | "/v1/models"
             | "/metrics"
             | "/v1/chat/completions"
+            | "/v1/chat/completions/batch"
             | "/v1/completions"
             | "/v1/embeddings"
+            | "/v1/responses"
+            | "/v1/messages"
+            | "/v1/messages/count_tokens"
             | "/tokenize"
             | "/detokenize",
             _,
-        ) => json(
-            StatusCode::METHOD_NOT_ALLOWED,
-            JSON,
-            "{\"detail\":\"Method Not Allowed\"}",
-        ),
-        _ => json(StatusCode::NOT_FOUND, JSON, "{\"detail\":\"Not Found\"}"),
+        ) => method_not_allowed(),
+        _ => match response_route(&path) {
+            Some((id, cancel)) if method == (if cancel { Method::POST } else { Method::GET }) => {
+                super::responses::by_id(sim, id, cancel)
+            }
+            // FastAPI: the path exists, not with this method (vLLM 0.32 has no DELETE)
+            Some(_) => method_not_allowed(),
+            None => json(StatusCode::NOT_FOUND, JSON, "{\"detail\":\"Not Found\"}"),
+        },
     }
+}
+
+fn method_not_allowed() -> Response<SimBody> {
+    json(
+        StatusCode::METHOD_NOT_ALLOWED,
+        JSON,
+        "{\"detail\":\"Method Not Allowed\"}",
+    )
+}
+
+/// `/v1/responses/{id}` → `(id, false)`, `/v1/responses/{id}/cancel` → `(id, true)`.
+fn response_route(path: &str) -> Option<(&str, bool)> {
+    let rest = path.strip_prefix("/v1/responses/")?;
+    let (id, cancel) = match rest.strip_suffix("/cancel") {
+        Some(id) => (id, true),
+        None => (rest, false),
+    };
+    (!id.is_empty() && !id.contains('/')).then_some((id, cancel))
 }
 
 fn health(sim: &Sim) -> Response<SimBody> {
@@ -177,14 +208,14 @@ fn byte_offset(body: &[u8], line: usize, column: usize) -> usize {
     (off + column.saturating_sub(1)).min(body.len())
 }
 
-fn count_keys(body: &[u8]) -> usize {
+pub(super) fn count_keys(body: &[u8]) -> usize {
     serde_json::from_slice::<BTreeMap<String, IgnoredAny>>(body)
         .map(|m| m.len())
         .unwrap_or(0)
 }
 
 /// Parse a JSON body as `T`, answering like FastAPI/pydantic behind vLLM on failure.
-fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, Response<SimBody>> {
+pub(super) fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, Response<SimBody>> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return Err(error(
             StatusCode::BAD_REQUEST,
@@ -226,7 +257,7 @@ fn parse<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, Response<SimBod
     })
 }
 
-fn missing(body: &[u8], field: &str) -> Response<SimBody> {
+pub(super) fn missing(body: &[u8], field: &str) -> Response<SimBody> {
     error(
         StatusCode::BAD_REQUEST,
         &format!(
@@ -238,7 +269,7 @@ fn missing(body: &[u8], field: &str) -> Response<SimBody> {
     )
 }
 
-fn check_model(sim: &Sim, model: Option<&str>) -> Option<Response<SimBody>> {
+pub(super) fn check_model(sim: &Sim, model: Option<&str>) -> Option<Response<SimBody>> {
     match model {
         None | Some("") => None,
         Some(m) if sim.config.models.iter().any(|x| x == m) => None,
@@ -255,7 +286,7 @@ fn check_model(sim: &Sim, model: Option<&str>) -> Option<Response<SimBody>> {
 }
 
 /// The engine-side faults of inference routes.
-fn inference_fault(sim: &Sim) -> Option<Response<SimBody>> {
+pub(super) fn inference_fault(sim: &Sim) -> Option<Response<SimBody>> {
     match sim.fault.mode() {
         FaultMode::Overloaded => Some(error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -280,7 +311,7 @@ fn inference_fault(sim: &Sim) -> Option<Response<SimBody>> {
 }
 
 /// Validate `max_tokens` against the context; returns the effective cap.
-fn max_tokens(
+pub(super) fn max_tokens(
     sim: &Sim,
     requested: Option<i64>,
     prompt_tokens: u32,
@@ -351,7 +382,7 @@ fn stream_flags(
     Ok((stream, usage))
 }
 
-fn seed(sim: &Sim, s: Option<i64>) -> u64 {
+pub(super) fn seed(sim: &Sim, s: Option<i64>) -> u64 {
     s.map(|v| v as u64).unwrap_or(sim.config.seed)
 }
 
@@ -415,7 +446,7 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         .unwrap_or_else(|_| inference_fault_busy())
 }
 
-fn inference_fault_busy() -> Response<SimBody> {
+pub(super) fn inference_fault_busy() -> Response<SimBody> {
     error(
         StatusCode::SERVICE_UNAVAILABLE,
         "The server is overloaded. Please try again later.",
@@ -533,6 +564,100 @@ async fn embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody>
     )
 }
 
+/// `POST /v1/chat/completions/batch` fields the simulator reads.
+#[derive(Deserialize)]
+struct BatchRequest {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    messages: Option<Vec<Vec<super::openai_surface::Message>>>,
+    #[serde(default)]
+    max_tokens: Option<i64>,
+    #[serde(default)]
+    max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    seed: Option<i64>,
+}
+
+/// Several conversations in one call: each one is its own sequence in the engine (they run in
+/// the same batch), answered as one choice each, with the usage summed.
+async fn chat_batch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
+    let Ok(body) = read_body(req).await else {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Request body too large",
+            "Bad Request",
+            None,
+        );
+    };
+    let r: BatchRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let Some(convs) = &r.messages else {
+        return missing(&body, "messages");
+    };
+    if let Some(resp) = check_model(sim, r.model.as_deref()) {
+        return resp;
+    }
+    let prompts: Vec<String> = convs
+        .iter()
+        .map(|c| {
+            text::render_chat(
+                c.iter()
+                    .map(|m| (m.role.as_deref().unwrap_or("user"), m.text())),
+            )
+        })
+        .collect();
+    let longest = prompts
+        .iter()
+        .map(|p| text::count_tokens(p) as u32)
+        .max()
+        .unwrap_or(0);
+    let cap = match max_tokens(sim, r.max_completion_tokens.or(r.max_tokens), longest) {
+        Ok(c) => c,
+        Err(resp) => return resp,
+    };
+    if let Some(resp) = inference_fault(sim) {
+        return resp;
+    }
+    let model = &sim.config.models[0];
+    let t = &sim.config.timing;
+    let mut gens = Vec::with_capacity(prompts.len());
+    for prompt in &prompts {
+        let plan = Plan::new(
+            seed(sim, r.seed),
+            model,
+            prompt,
+            Some(cap),
+            t.min_output_tokens,
+            t.max_output_tokens,
+            sim.needs_prompt_ids(),
+        );
+        match super::gen::Gen::start(sim, 0, plan, None) {
+            Ok(g) => gens.push(g),
+            Err(_) => return inference_fault_busy(),
+        }
+    }
+    let (mut prompt_tokens, mut completion, mut cached) = (0, 0, 0);
+    let mut choices = Vec::with_capacity(gens.len());
+    for g in &mut gens {
+        g.run_to_end().await;
+        let p = &g.plan;
+        prompt_tokens += p.prompt_tokens();
+        completion += p.completion_tokens();
+        cached += g.cached;
+        choices.push((p.text(0, p.words.len()), p.finish));
+    }
+    let ctx =
+        Ctx::new(Surface::Vllm, true, model).with_prompt_details(sim.config.prompt_tokens_details);
+    json(
+        StatusCode::OK,
+        JSON,
+        ctx.vllm_chat_body(&choices, prompt_tokens, completion, cached),
+    )
+}
+
 #[derive(Deserialize)]
 struct TokenizeRequest {
     #[serde(default)]
@@ -570,6 +695,12 @@ async fn tokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         (None, None) => return missing(&body, "prompt"),
     };
     let pieces = text::token_strs(&text);
+    {
+        let mut vocab = sim.vocab.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, piece, _, _) in &pieces {
+            vocab.insert(*id, piece.clone());
+        }
+    }
     let ids: Vec<String> = pieces.iter().map(|p| p.0.to_string()).collect();
     let strs = if r.return_token_strs.unwrap_or(false) {
         let v: Vec<&str> = pieces.iter().map(|p| p.1.as_str()).collect();
@@ -619,6 +750,20 @@ async fn detokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody>
     json(
         StatusCode::OK,
         JSON,
-        format!("{{\"prompt\":{}}}", js(&text::detokenize(tokens))),
+        format!("{{\"prompt\":{}}}", js(&detokenize_learned(sim, tokens))),
     )
+}
+
+/// Text of `ids`: pieces `/tokenize` has seen come back as they were, the rest as the
+/// tokenizer's own detokenizer renders them.
+fn detokenize_learned(sim: &Sim, ids: &[i64]) -> String {
+    let vocab = sim.vocab.lock().unwrap_or_else(|e| e.into_inner());
+    ids.iter()
+        .map(|id| {
+            u32::try_from(*id)
+                .ok()
+                .and_then(|i| vocab.get(&i).cloned())
+                .unwrap_or_else(|| text::detokenize(&[*id]))
+        })
+        .collect()
 }

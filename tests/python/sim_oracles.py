@@ -1,16 +1,19 @@
 """Official clients as oracles for the simulator's personalities.
 
 Run by tests/sim_python_oracles.rs, which starts the simulators and passes their URLs:
-SIM_VLLM_URL, SIM_TGI_URL, SIM_OLLAMA_URL. Exits non-zero on the first failed check.
+SIM_VLLM_URL, SIM_TGI_URL, SIM_OLLAMA_URL, and SIM_VLLM_STORE_URL (a vLLM simulator with the
+Responses store on, at real speed). Exits non-zero on the first failed check.
 """
 import os
 import sys
 
+import anthropic
 import ollama
 import openai
 from text_generation import Client as TgiClient
 
 VLLM = os.environ["SIM_VLLM_URL"]
+VLLM_STORE = os.environ["SIM_VLLM_STORE_URL"]
 TGI = os.environ["SIM_TGI_URL"]
 OLLAMA = os.environ["SIM_OLLAMA_URL"]
 
@@ -63,6 +66,75 @@ def openai_surface(label, base, model, embeddings):
         check(f"{label} unknown model is NotFoundError", label != "tgi")
 
 
+def vllm_responses():
+    c = openai.OpenAI(base_url=f"{VLLM_STORE}/v1", api_key="unused", max_retries=0)
+    r = c.responses.create(model="tiny", input="Hello", max_output_tokens=5)
+    check(
+        "vllm responses",
+        r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens" and r.usage.output_tokens == 5,
+        r,
+    )
+    check("vllm responses output_text", len(r.output_text.split()) == 5, r.output_text)
+    got = c.responses.retrieve(r.id)
+    check("vllm responses retrieve", got.id == r.id and got.output_text == r.output_text, got)
+    r2 = c.responses.create(model="tiny", input="More", max_output_tokens=3, previous_response_id=r.id)
+    check(
+        "vllm responses previous_response_id",
+        r2.usage.input_tokens > r.usage.input_tokens + r.usage.output_tokens,
+        (r.usage, r2.usage),
+    )
+    kinds = []
+    text = []
+    with c.responses.stream(model="tiny", input="Hello", max_output_tokens=4) as s:
+        for ev in s:
+            kinds.append(ev.type)
+            if ev.type == "response.output_text.delta":
+                text.append(ev.delta)
+        final = s.get_final_response()
+    check(
+        "vllm responses stream",
+        kinds[0] == "response.created" and kinds[-1] == "response.completed" and "".join(text) == final.output_text,
+        kinds,
+    )
+    check("vllm responses stream usage", final.usage.output_tokens == 4, final.usage)
+    b = c.responses.create(model="tiny", input="A long story", max_output_tokens=400, background=True)
+    check("vllm responses background", b.status == "queued" and b.background, b)
+    x = c.responses.cancel(b.id)
+    check("vllm responses cancel", x.status == "cancelled", x)
+    check("vllm responses cancelled stays", c.responses.retrieve(b.id).status == "cancelled")
+    try:
+        c.responses.retrieve("resp_doesnotexist")
+        check("vllm responses unknown id raises", False)
+    except openai.NotFoundError as err:
+        check("vllm responses unknown id is NotFoundError", err.body["param"] == "response_id", err.body)
+
+
+def vllm_messages():
+    a = anthropic.Anthropic(base_url=VLLM, api_key="unused", max_retries=0)
+    msgs = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Well?"}]
+    m = a.messages.create(model="tiny", max_tokens=5, system="Be brief.", messages=msgs)
+    check(
+        "vllm messages",
+        m.stop_reason == "max_tokens" and m.usage.output_tokens == 5 and m.content[0].type == "text",
+        m,
+    )
+    n = a.messages.count_tokens(model="tiny", system="Be brief.", messages=msgs)
+    check("vllm messages count_tokens", n.input_tokens == m.usage.input_tokens, (n, m.usage))
+    with a.messages.stream(model="tiny", max_tokens=4, messages=msgs) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    check(
+        "vllm messages stream",
+        final.usage.output_tokens == 4 and final.stop_reason == "max_tokens" and final.content[0].text == text,
+        final,
+    )
+    try:
+        a.messages.create(model="nope", max_tokens=5, messages=msgs)
+        check("vllm messages unknown model raises", False)
+    except anthropic.NotFoundError as err:
+        check("vllm messages unknown model is NotFoundError", err.body["type"] == "error", err.body)
+
+
 def tgi_native():
     c = TgiClient(TGI, timeout=20)
     r = c.generate("Hello", max_new_tokens=5, seed=7)
@@ -110,6 +182,8 @@ def main():
     openai_surface("vllm", VLLM, "tiny", True)
     openai_surface("tgi", TGI, "tgi", False)
     openai_surface("ollama", OLLAMA, "llama3.2", True)
+    vllm_responses()
+    vllm_messages()
     tgi_native()
     ollama_native()
     print("ALL ORACLE CHECKS PASSED")
