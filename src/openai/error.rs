@@ -113,13 +113,19 @@ impl ApiError {
         .with_code("method_not_allowed")
     }
 
+    /// The body was refused before it was read to its end, so what is left of it is still on
+    /// the connection: the answer says `connection: close`, or an HTTP/1.1 client would send
+    /// its next request on a connection the server is about to close (HTTP/2 drops the header).
     pub fn payload_too_large(limit: usize) -> Self {
-        Self::new(
+        let mut err = Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
             format!("Request body exceeds the limit of {limit} bytes."),
         )
-        .with_code("request_too_large")
+        .with_code("request_too_large");
+        err.headers
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        err
     }
 
     pub fn unsupported_media_type(got: &str) -> Self {

@@ -54,9 +54,9 @@ use crate::openai::edit;
 use crate::openai::error::{from_backend_redacted, insert_retry_after};
 use crate::openai::{ApiError, RequestFields};
 use crate::routing::RouteInput;
+use crate::settle::Settle;
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
-use crate::settle::Settle;
 use crate::upstream::{self as forward, retry_after, retryable_status, AttemptError};
 use observe::ObservedStream;
 

@@ -520,9 +520,9 @@ mod tests {
 mod seam_tests {
     use super::*;
     use crate::api::{wire, TokenizeForm, CHAT};
-    use crate::telemetry::access::AccessRecord;
     use crate::openai::edit::Splice;
     use crate::openai::RequestFields;
+    use crate::telemetry::access::AccessRecord;
     use axum::response::Response;
 
     /// An API whose stream has no end marker and whose terminal error is a typed event (as the
