@@ -29,7 +29,6 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use memchr::memmem;
-
 use tokio::time::Sleep;
 
 use super::sse::{event_data_borrowed, SseScanner};
