@@ -15,6 +15,8 @@ async fn a_panicking_handler_gets_a_500_and_the_gateway_keeps_serving() {
         backend("b", "vllm", &s.url(), &["m"])
     ))
     .await;
+    // The counter is process-wide: count this test's panics from what it was before them.
+    let before = panics(&panics_line(&g).await);
     for _ in 0..3 {
         let resp = client()
             .post(g.url("/v1/chat/completions"))
@@ -37,17 +39,25 @@ async fn a_panicking_handler_gets_a_500_and_the_gateway_keeps_serving() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
+    let line = panics_line(&g).await;
+    let n = panics(&line) - before;
+    assert!(n >= 3.0, "panics counted: {line:?}");
+    g.stop().await;
+}
+
+async fn panics_line(g: &TestGateway) -> String {
     let metrics = g.metrics_text().await;
-    let line = metrics
+    metrics
         .lines()
         .find(|l| l.starts_with("sluice_panics_total"))
-        .unwrap_or("");
-    let n: f64 = line
-        .split_whitespace()
+        .unwrap_or("")
+        .to_string()
+}
+
+fn panics(line: &str) -> f64 {
+    line.split_whitespace()
         .last()
         .unwrap_or("0")
         .parse()
-        .unwrap_or(0.0);
-    assert!(n >= 3.0, "panics counted: {line:?}");
-    g.stop().await;
+        .unwrap_or(0.0)
 }

@@ -123,6 +123,7 @@ async fn admitted_again(from: &str, to: SocketAddr) -> TcpStream {
 async fn per_ip_cap_refuses_the_next_connection_and_frees_on_close() {
     let g =
         TestGateway::start("[server]\nmax_connections = 100\nmax_connections_per_ip = 3\n").await;
+    let (_, before) = rejected_per_ip(&g).await;
     let mut first = Vec::new();
     for _ in 0..3 {
         first.push(served("127.0.0.1", g.addr).await);
@@ -139,6 +140,13 @@ async fn per_ip_cap_refuses_the_next_connection_and_frees_on_close() {
     assert_refused("127.0.0.1", g.addr).await;
 
     // From another address: 127.0.0.1 is at its cap.
+    let (text, rejected) = rejected_per_ip(&g).await;
+    assert!(rejected - before >= 2.0, "{text}");
+}
+
+/// `/metrics` (read from 127.0.0.9, which has no connection yet) and its count of connections
+/// refused for the per-address cap. The counter is process-wide: tests compare two readings.
+async fn rejected_per_ip(g: &TestGateway) -> (String, f64) {
     let text = reqwest::Client::builder()
         .local_address("127.0.0.9".parse::<std::net::IpAddr>().unwrap())
         .build()
@@ -150,13 +158,11 @@ async fn per_ip_cap_refuses_the_next_connection_and_frees_on_close() {
         .text()
         .await
         .unwrap();
-    assert!(
-        metric(
-            &text,
-            "sluice_connections_rejected_total{listener=\"client\",reason=\"max_connections_per_ip\"}"
-        ) >= 2.0,
-        "{text}"
+    let n = metric(
+        &text,
+        "sluice_connections_rejected_total{listener=\"client\",reason=\"max_connections_per_ip\"}",
     );
+    (text, n)
 }
 
 #[tokio::test]
@@ -405,6 +411,9 @@ async fn http2_rapid_reset_gets_goaway_and_others_are_served() {
         "[server]\nhttp2_max_client_resets = 50\nhttp2_max_pending_accept_reset_streams = 100000\n",
     )
     .await;
+    // The counter is process-wide: this test's floods are counted from its first reading.
+    let floods = |text: &str| metric(text, "sluice_http2_reset_floods_total{listener=\"client\"}");
+    let before = floods(&g.metrics_text().await);
     // A few cancellations are normal use: the connection stays.
     assert!(
         !reset_flood(g.addr, 10, Duration::from_millis(500)).await,
@@ -427,13 +436,7 @@ async fn http2_rapid_reset_gets_goaway_and_others_are_served() {
     let (resp, _) = h2c.send_request(req, true).unwrap();
     assert_eq!(resp.await.unwrap().status(), 200);
     let text = g.metrics_text().await;
-    assert!(
-        metric(
-            &text,
-            "sluice_http2_reset_floods_total{listener=\"client\"}"
-        ) >= 1.0,
-        "{text}"
-    );
+    assert!(floods(&text) - before >= 1.0, "{text}");
 
     // With the defaults, a flood ends the connection too (whichever cap trips first).
     let d = TestGateway::start("").await;

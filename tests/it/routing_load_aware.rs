@@ -333,7 +333,8 @@ async fn a_prompt_is_pending_prefill_until_its_first_token() {
     .await;
     let toml = format!(
         "[routing]\npolicy = \"token-aware\"\n{FAST_HEALTH}{}",
-        backend("only", "vllm", &s.url(), &["m"]),
+        // A name of its own: the gauge below is process-wide, shared with other tests' gateways.
+        backend("prefill-only", "vllm", &s.url(), &["m"]),
     );
     let gw = TestGateway::start_healthy(&toml).await;
     let body = serde_json::json!({
@@ -369,7 +370,7 @@ async fn a_prompt_is_pending_prefill_until_its_first_token() {
         "{admin}"
     );
     assert!(
-        metrics.contains("sluice_backend_pending_prefill_tokens{backend=\"only\"}"),
+        metrics.contains("sluice_backend_pending_prefill_tokens{backend=\"prefill-only\"}"),
         "{metrics}"
     );
     // read until the first text token
@@ -422,7 +423,8 @@ async fn a_tgi_kv_budget_is_learned_from_batches_that_held_requests_back() {
     .await;
     let toml = format!(
         "[routing]\npolicy = \"token-aware\"\n{FAST_HEALTH}signals_interval = \"100ms\"\n{}",
-        backend("tgi", "tgi", &tgi.url(), &["m"]),
+        // A name of its own: the gauge below is process-wide, shared with other tests' gateways.
+        backend("kv-budget-tgi", "tgi", &tgi.url(), &["m"]),
     );
     let gw = TestGateway::start_healthy(&toml).await;
     let signals = || async {
@@ -465,7 +467,7 @@ async fn a_tgi_kv_budget_is_learned_from_batches_that_held_requests_back() {
     assert_eq!(
         metric(
             &text,
-            "sluice_backend_kv_cache_usage_ratio{backend=\"tgi\"}"
+            "sluice_backend_kv_cache_usage_ratio{backend=\"kv-budget-tgi\"}"
         ),
         1.0,
         "{text}"
