@@ -343,9 +343,12 @@ async fn huge_negative_and_non_integer_numbers_are_400() {
 async fn absurd_max_tokens_is_400_at_the_gateway_or_the_backend() {
     // Up to the built-in cap (16 Mi) the backend decides against the model's context, as vLLM
     // does; above the cap the gateway answers itself and nothing is forwarded.
+    // The backend's request count must move only with forwarded requests: one probe at start
+    // and no signals scraping, so no probe lands between the two readings however slow the
+    // machine is.
     let s = sim(sluice::sim::SimKind::Vllm, &["m"]).await;
     let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
+        "[health]\ninterval = \"1h\"\ntimeout = \"500ms\"\nhealthy_threshold = 1\nsignals_interval = \"0s\"\n{}",
         backend("v", "vllm", &s.url(), &["m"])
     ))
     .await;
