@@ -12,10 +12,12 @@ use support::*;
 
 #[tokio::test]
 async fn admin_listener_separates_operations_and_wants_its_token() {
-    let s = sim(SimKind::Vllm, &["m"]).await;
+    // A model and a backend name of this test's own: the metrics recorder is process-wide, and
+    // the families below must be this gateway's.
+    let s = sim(SimKind::Vllm, &["ops-admin-m"]).await;
     let toml = format!(
         "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"ops-secret\"\n{FAST_HEALTH}{}",
-        backend("a", "vllm", &s.url(), &["m"])
+        backend("ops-admin-a", "vllm", &s.url(), &["ops-admin-m"])
     );
     let g = TestGateway::start_healthy(&toml).await;
     assert_ne!(g.admin_addr, Some(g.addr));
@@ -58,7 +60,7 @@ async fn admin_listener_separates_operations_and_wants_its_token() {
     // Traffic, then the metric families the docs promise.
     let r = c
         .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", true, 8))
+        .json(&chat_body("ops-admin-m", true, 8))
         .send()
         .await
         .unwrap();
@@ -82,8 +84,10 @@ async fn admin_listener_separates_operations_and_wants_its_token() {
         "sluice_backend_probes_total",
         "sluice_build_info",
     ] {
+        // Every family but the build's carries this test's model or backend.
+        let own = |l: &str| name == "sluice_build_info" || l.contains("=\"ops-admin-");
         assert!(
-            text.lines().any(|l| l.starts_with(name)),
+            text.lines().any(|l| l.starts_with(name) && own(l)),
             "{name} missing from /metrics"
         );
     }

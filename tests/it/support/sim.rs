@@ -1,8 +1,6 @@
 //! Helpers shared by the simulator tests: raw HTTP, SSE parsing, fixtures.
 #![allow(dead_code)]
 
-use std::time::Duration;
-
 use sluice::sim::{spawn, SimConfig, SimHandle, SimKind};
 
 /// Start a simulator of `kind` serving `models`, customised by `f`.
@@ -18,12 +16,8 @@ pub async fn start(
     spawn(cfg).await.expect("spawn simulator")
 }
 
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .expect("client")
-}
+/// The tests' one HTTP client.
+pub use super::client;
 
 /// The body of a captured HTTP response in tests/fixtures.
 pub fn fixture_body(name: &str) -> String {
