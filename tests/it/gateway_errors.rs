@@ -39,7 +39,13 @@ async fn expect_error(resp: reqwest::Response, status: u16, code: Option<&str>) 
 #[tokio::test]
 async fn client_errors_are_openai_shaped_with_the_right_status() {
     let (g, _s) = vllm_gateway("[server]\nmax_body_bytes = 4096\n").await;
-    let c = client();
+    // A connection per request: after a 413 for a body still being sent the gateway closes the
+    // connection, and a pooled one could be reused just as it closes (an IncompleteMessage).
+    let c = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .unwrap();
     let post = |body: &'static str| {
         c.post(g.url("/v1/chat/completions"))
             .header("content-type", "application/json")

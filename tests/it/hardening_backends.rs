@@ -224,8 +224,10 @@ async fn a_streamed_request_to_a_garbage_backend_is_a_502_before_any_byte() {
 async fn garbage_backend_fails_over_and_is_ejected() {
     let url = bad_backend(Bad::Garbage).await;
     let good = sim(sluice::sim::SimKind::Vllm, &["m"]).await;
+    // One probe at start only: a healthy probe between the two failures would reset their
+    // streak (and a third failure would be needed), however slow the machine is.
     let g = TestGateway::start_healthy(&format!(
-        "[routing]\npolicy = \"round-robin\"\n[health]\ninterval = \"50ms\"\ntimeout = \"500ms\"\nhealthy_threshold = 1\nunhealthy_threshold = 1\neject_after_failures = 2\nbase_ejection = \"30s\"\n{}{}",
+        "[routing]\npolicy = \"round-robin\"\n[health]\ninterval = \"1h\"\ntimeout = \"500ms\"\nhealthy_threshold = 1\nunhealthy_threshold = 1\neject_after_failures = 2\nbase_ejection = \"30s\"\n{}{}",
         backend("bad", "openai", &url, &["m"]),
         backend("good", "vllm", &good.url(), &["m"])
     ))
