@@ -1,6 +1,6 @@
 """End-to-end check of the gateway with the official OpenAI Python SDK.
 
-Run by tests/gateway_openai_sdk.rs, which starts simulated backends and a gateway and passes:
+Run by tests/it/gateway_openai_sdk.rs, which starts simulated backends and a gateway and passes:
   SLUICE_BASE_URL   the gateway's /v1 URL
   SLUICE_MODEL      a model the fleet serves (through an alias)
   SLUICE_CUT_MODEL  a model whose only backend cuts streams mid-way

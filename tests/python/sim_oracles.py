@@ -1,6 +1,6 @@
 """Official clients as oracles for the simulator's personalities.
 
-Run by tests/sim_python_oracles.rs, which starts the simulators and passes their URLs:
+Run by tests/it/sim_python_oracles.rs, which starts the simulators and passes their URLs:
 SIM_VLLM_URL, SIM_TGI_URL, SIM_OLLAMA_URL, and SIM_VLLM_STORE_URL (a vLLM simulator with the
 Responses store on, at real speed). Exits non-zero on the first failed check.
 """

@@ -1,0 +1,284 @@
+//! The `sluice` binary as operators use it: `check`, `key new`, `serve` with a bad or good
+//! config, JSON logs without secrets or prompts, and graceful shutdown on SIGTERM.
+
+use crate::support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::Digest;
+use sluice::sim::{SimConfig, SimKind};
+use support::*;
+
+fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+#[test]
+fn shipped_configs_are_valid() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut files = vec![format!("{root}/config/sluice.toml")];
+    for e in std::fs::read_dir(format!("{root}/config/examples")).unwrap() {
+        files.push(e.unwrap().path().display().to_string());
+    }
+    assert!(files.len() >= 3);
+    for f in files {
+        let out = sluice()
+            .args(["check", "--config", &f])
+            .env("SLUICE_ADMIN_TOKEN", "t")
+            .env("SLUICE_REDIS_URL", "redis://127.0.0.1:6379")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{f}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn check_prints_every_problem_with_its_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[routing]\npolicy = \"fastest\"\n[[backends]]\nname = \"a\"\nkind = \"vllm\"\nurl = \"nope\"\n[admin]\nlisten = \"0.0.0.0:1\"\ntoken = \"${UNSET_FOR_SURE}\"\n",
+    )
+    .unwrap();
+    let out = sluice()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "routing.policy",
+        "backends[0].url",
+        "admin.token",
+        "UNSET_FOR_SURE",
+        "bad.toml",
+    ] {
+        assert!(err.contains(needle), "missing {needle} in:\n{err}");
+    }
+    // A syntax error names the line.
+    std::fs::write(&path, "[server]\nlisten = \n").unwrap();
+    let out = sluice()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
+    // `serve` refuses it the same way and starts nothing.
+    let out = sluice()
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
+}
+
+#[test]
+fn key_new_prints_key_and_its_hash() {
+    let out = sluice()
+        .args(["key", "new", "--name", "alice"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let key = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("key: "))
+        .unwrap();
+    let hash = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("hash: "))
+        .unwrap();
+    assert!(key.starts_with("sk-sluice-"));
+    assert_eq!(
+        hash,
+        format!(
+            "sha256:{}",
+            hex::encode(sha2::Sha256::digest(key.as_bytes()))
+        )
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("name = \"alice\""));
+}
+
+struct Serve {
+    child: Child,
+    addr: String,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `sluice serve` with JSON logs and wait for its listening line.
+#[allow(clippy::zombie_processes)] // `Serve`'s Drop kills and waits for it
+fn serve(config: &str, dir: &std::path::Path) -> Serve {
+    let path = dir.join("sluice.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut child = sluice()
+        .args(["serve", "--config"])
+        .arg(&path)
+        .env("SLUICE_LOG_FORMAT", "json")
+        .env("SLUICE_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("no listening line");
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+        if v["message"] == "sluice listening" {
+            let addr = v["addr"].as_str().unwrap().to_string();
+            return Serve {
+                child,
+                addr,
+                lines: rx,
+            };
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_access_log_without_prompts_and_graceful_sigterm() {
+    // Tokens every 20 ms (speed 1): a 60-token stream takes over a second.
+    let s = sim_with(SimConfig::new(SimKind::Vllm, vec!["m".into()]).speed(1.0)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nshutdown_grace = \"10s\"\n{FAST_HEALTH}{}",
+        backend("b", "vllm", &s.url(), &["m"])
+    );
+    let mut srv = serve(&cfg, dir.path());
+    let base = format!("http://{}", srv.addr);
+    eventually(Duration::from_secs(10), "ready", || {
+        let url = format!("{base}/readyz");
+        async move {
+            client()
+                .get(url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        }
+    })
+    .await;
+
+    let secret_prompt = "PURPLE-ELEPHANT-7781";
+    let body = serde_json::json!({"model": "m", "stream": true, "max_tokens": 60,
+        "messages": [{"role": "user", "content": secret_prompt}]});
+    let mut resp = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .header("authorization", "Bearer sk-client-secret-should-not-appear")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "));
+
+    // SIGTERM while the stream is in flight: readiness goes first, the stream still finishes.
+    let pid = srv.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let sent = Instant::now();
+    let mut rest = Vec::new();
+    while let Some(c) = resp.chunk().await.unwrap() {
+        rest.extend_from_slice(&c);
+    }
+    let tail = String::from_utf8_lossy(&rest);
+    assert!(
+        tail.trim_end().ends_with("data: [DONE]"),
+        "stream cut by shutdown: {tail}"
+    );
+    let status = poll(Duration::from_secs(15), "exit after SIGTERM", || {
+        let exited = srv.child.try_wait().unwrap();
+        let lines = exited.map(|st| (st, srv.lines.try_iter().collect::<Vec<String>>()));
+        async move { lines }
+    })
+    .await;
+    let (exit, lines) = status;
+    assert!(exit.success(), "exit status {exit:?}");
+    eprintln!(
+        "stream finished and process exited {:?} after SIGTERM",
+        sent.elapsed()
+    );
+    // New connections are refused once draining started.
+    assert!(client()
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .is_err());
+
+    let access: Vec<serde_json::Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "request")
+        .collect();
+    assert_eq!(access.len(), 1, "{lines:?}");
+    let a = &access[0];
+    assert_eq!(a["status"], 200);
+    assert_eq!(a["model"], "m");
+    assert_eq!(a["backend"], "b");
+    assert_eq!(a["stream"], true);
+    assert!(
+        a["completion_tokens"]
+            .as_u64()
+            .is_some_and(|n| n > 0 && n <= 60),
+        "{a}"
+    );
+    assert!(a["ttft_ms"].as_f64().unwrap() > 0.0);
+    assert!(a["request_id"].as_str().unwrap().len() == 32);
+    let all = lines.join("\n");
+    assert!(!all.contains(secret_prompt), "prompt leaked into logs");
+    assert!(!all.contains("sk-client-secret"), "key leaked into logs");
+}
+
+#[test]
+fn check_reports_an_out_of_range_value_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("range.toml");
+    std::fs::write(
+        &path,
+        "[server]\nthreads = 2\n[routing]\nmax_attempts = 40\n",
+    )
+    .unwrap();
+    let out = sluice()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("range.toml: routing.max_attempts: must be between 1 and 16 (line 4)"),
+        "{err}"
+    );
+}

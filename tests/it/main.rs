@@ -1,0 +1,44 @@
+//! Sluice's integration tests, as one test binary: a real gateway on loopback ports, real
+//! simulators, raw misbehaving backends, the built `sluice` binary and the Python clients.
+//! One module per area; everything they share is in [`support`].
+//!
+//! The tests of this binary run in parallel threads of one process, so process-wide state (the
+//! Prometheus recorder, environment variables) is shared: a test
+//! asserts on metrics of its own label sets or on before/after deltas, and a test that needs
+//! the process to itself runs in a child process ([`support::isolated`]).
+
+mod support;
+
+mod cli;
+mod deploy_manifests;
+mod failover_fleet;
+mod gateway_api;
+mod gateway_broken_backends;
+mod gateway_errors;
+mod gateway_openai_sdk;
+mod gateway_panic;
+mod hardening_backends;
+mod hardening_connections;
+mod hardening_cors;
+mod hardening_inputs;
+mod hardening_secrets;
+mod health_fleet;
+mod layering;
+mod ops_admin;
+mod ops_dashboard;
+mod ops_reload;
+mod ops_tls;
+mod redis_shared;
+mod routing_load_aware;
+mod routing_tokenize;
+mod server_threads;
+mod sim_config;
+mod sim_faults;
+mod sim_ollama;
+mod sim_python_oracles;
+mod sim_tgi;
+mod sim_timing;
+mod sim_vllm;
+mod sim_vllm_surface;
+mod tenants_limits;
+mod tenants_secrets;

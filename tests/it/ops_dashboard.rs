@@ -1,0 +1,303 @@
+//! The status page in a real headless Chromium: it renders, its numbers change as traffic
+//! flows (the DOM dumped before and after some requests), no script or console errors, and a
+//! screenshot is saved under target/. Skips (passes) when Chromium is missing, unless `CI` is
+//! set.
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::Digest;
+use sluice::sim::{SimConfig, SimKind};
+use support::*;
+
+fn chromium() -> Option<PathBuf> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// Run headless Chromium on `url` with `extra` flags; returns (stdout, stderr).
+async fn run_chromium(bin: &Path, url: &str, extra: &[String]) -> (String, String) {
+    let profile = tempfile::tempdir().unwrap();
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--enable-logging=stderr",
+        "--v=0",
+    ])
+    .arg(format!("--user-data-dir={}", profile.path().display()))
+    .args(extra)
+    .arg(url)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())
+        .await
+        .expect("chromium did not finish within 90 s")
+        .expect("chromium could not be started");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The text of the element with `id` in a DOM dump.
+fn text_of(dom: &str, id: &str) -> String {
+    let at = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in the page:\n{dom}"));
+    let rest = &dom[at..];
+    let start = rest.find('>').unwrap() + 1;
+    let end = rest[start..].find('<').unwrap() + start;
+    rest[start..end].trim().to_string()
+}
+
+fn attr_of(dom: &str, id: &str, attr: &str) -> String {
+    let at = dom.find(&format!("id=\"{id}\"")).unwrap();
+    let tag_start = dom[..at].rfind('<').unwrap();
+    let tag_end = at + dom[at..].find('>').unwrap();
+    let tag = &dom[tag_start..tag_end];
+    let key = format!("{attr}=\"");
+    let v = tag
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {attr} in {tag}"))
+        + key.len();
+    tag[v..v + tag[v..].find('"').unwrap()].to_string()
+}
+
+fn number(s: &str) -> f64 {
+    s.parse().unwrap_or_else(|_| panic!("not a number: {s:?}"))
+}
+
+fn console_lines(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.contains(":CONSOLE")).collect()
+}
+
+fn check_clean(dom: &str, stderr: &str) {
+    assert_eq!(
+        attr_of(dom, "errors", "data-errors"),
+        "0",
+        "the page reported errors: {}",
+        text_of(dom, "errors")
+    );
+    let console = console_lines(stderr);
+    assert!(console.is_empty(), "console messages: {console:#?}");
+    let updates = number(&attr_of(dom, "status", "data-updates"));
+    assert!(updates >= 1.0, "the page never loaded its data:\n{dom}");
+}
+
+async fn chat(url: &str, key: &str) {
+    let r = client()
+        .post(url)
+        .bearer_auth(key)
+        .json(&chat_body("m", true, 16))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let _ = r.text().await.unwrap();
+}
+
+#[tokio::test]
+async fn dashboard_renders_and_follows_traffic_in_chromium() {
+    let Some(bin) = chromium() else {
+        support::process::skip("chromium not installed (apt-get install chromium)");
+        return;
+    };
+    let key = "sk-dashboard-test-key";
+    let hash = hex::encode(sha2::Sha256::digest(key.as_bytes()));
+    let a = sim_with(SimConfig::new(SimKind::Vllm, vec!["m".into()]).speed(50.0)).await;
+    let b = sim(SimKind::Tgi, &["m"]).await;
+    let toml = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"dash-token\"\n\
+         [[keys]]\nname = \"alice-key\"\ntenant = \"alice\"\nhash = \"sha256:{hash}\"\n\
+         requests_per_minute = 6000\ntokens_per_minute = 1000000\n{FAST_HEALTH}{}{}",
+        backend("vllm-a", "vllm", &a.url(), &["m"]),
+        backend("tgi-b", "tgi", &b.url(), &["m"]),
+    );
+    let g = TestGateway::start_healthy(&toml).await;
+    let chat_url = g.url("/v1/chat/completions");
+
+    // Guarded like the other operations routes, and only on the admin listener.
+    let c = client();
+    assert_eq!(
+        c.get(g.admin_url("/dashboard"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        c.get(g.admin_url("/admin/summary"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        c.get(g.url("/dashboard?token=dash-token"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let page = c
+        .get(g.admin_url("/dashboard"))
+        .bearer_auth("dash-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let csp = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(csp.contains("default-src 'none'"), "{csp}");
+    let html = page.text().await.unwrap();
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "the page must not load anything external"
+    );
+
+    let page_url = g.admin_url("/dashboard?token=dash-token&interval=250");
+    let dump = vec![
+        "--dump-dom".to_string(),
+        "--virtual-time-budget=1500".to_string(),
+    ];
+    let (dom1, err1) = run_chromium(&bin, &page_url, &dump).await;
+    check_clean(&dom1, &err1);
+    assert!(
+        dom1.contains("data-backend=\"vllm-a\"") && dom1.contains("data-backend=\"tgi-b\""),
+        "{dom1}"
+    );
+    let before = number(&text_of(&dom1, "total-requests"));
+    assert!(text_of(&dom1, "up").ends_with("/2"), "two backends counted");
+
+    for _ in 0..6 {
+        chat(&chat_url, key).await;
+    }
+    let (dom2, err2) = run_chromium(&bin, &page_url, &dump).await;
+    check_clean(&dom2, &err2);
+    let after = number(&text_of(&dom2, "total-requests"));
+    assert!(after >= before + 6.0, "requests {before} -> {after}");
+    assert!(
+        dom2.contains("data-tenant=\"alice\""),
+        "tenant row missing:\n{dom2}"
+    );
+    assert_ne!(
+        text_of(&dom2, "ttft-p50"),
+        "–",
+        "TTFT shown once streams ran"
+    );
+
+    // A screenshot while traffic flows, for people to look at.
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = {
+        let (stop, url) = (stop.clone(), chat_url.clone());
+        tokio::spawn(async move {
+            for _ in 0..2000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                chat(&url, key).await;
+            }
+        })
+    };
+    let shot = target_dir().join("ops-dashboard.png");
+    let _ = std::fs::remove_file(&shot);
+    let (_, err3) = run_chromium(
+        &bin,
+        &page_url,
+        &[
+            format!("--screenshot={}", shot.display()),
+            "--window-size=1280,900".to_string(),
+            "--virtual-time-budget=4000".to_string(),
+            "--hide-scrollbars".to_string(),
+        ],
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let _ = traffic.await;
+    assert!(console_lines(&err3).is_empty(), "{err3}");
+    let size = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        size > 10_000,
+        "screenshot missing or empty at {}",
+        shot.display()
+    );
+    println!("screenshot: {}", shot.display());
+    g.stop().await;
+}
+
+#[tokio::test]
+async fn summary_json_describes_the_fleet() {
+    let a = sim(SimKind::Vllm, &["m"]).await;
+    let g = TestGateway::start_healthy(&format!(
+        "{FAST_HEALTH}{}",
+        backend("a", "vllm", &a.url(), &["m"])
+    ))
+    .await;
+    let c = client();
+    let r = c
+        .post(g.url("/v1/chat/completions"))
+        .json(&chat_body("m", true, 8))
+        .send()
+        .await
+        .unwrap();
+    let _ = r.text().await.unwrap();
+    let s: serde_json::Value = c
+        .get(g.url("/admin/summary"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let b = &s["backends"][0];
+    assert_eq!(b["name"], "a");
+    assert_eq!(b["kind"], "vllm");
+    assert_eq!(b["state"], "healthy");
+    assert_eq!(b["models"], serde_json::json!(["m"]));
+    assert!(b["requests_total"].as_u64().unwrap() >= 1, "{s}");
+    for field in [
+        "queue_depth",
+        "inflight_requests",
+        "errors_total",
+        "completion_tokens_total",
+        "ttft_p50_seconds",
+        "ttft_p99_seconds",
+    ] {
+        assert!(b.get(field).is_some(), "{field} missing: {s}");
+    }
+    assert!(s["requests_total"].as_f64().unwrap() >= 1.0);
+    assert_eq!(s["ready"], true);
+    assert!(
+        !s.to_string().contains("sha256:"),
+        "no key hashes in the summary"
+    );
+    g.stop().await;
+}
