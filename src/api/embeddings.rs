@@ -2,12 +2,7 @@
 //! answer is never streamed (a `stream` field is ignored) and produces no output tokens. No
 //! tokenizer form: the estimate stands. Every backend kind is sent it as it is.
 
-use axum::response::Response;
-use bytes::Bytes;
-
-use super::{wire, ClientApi, Edits, Seen, TokenizeForm, Usage};
-use crate::config::BackendKind;
-use crate::openai::edit::{self, Splice};
+use super::{ClientApi, TokenizeForm};
 use crate::openai::request::{self, PromptField};
 use crate::openai::{ApiError, RequestFields};
 
@@ -38,44 +33,8 @@ impl ClientApi for Embeddings {
         0
     }
 
-    fn rename_model(&self, fields: &RequestFields, to: &str) -> Splice {
-        edit::rename_model(fields, to)
-    }
-
-    fn force_stream_usage(&self, body: &[u8], fields: &RequestFields) -> Option<Splice> {
-        edit::force_include_usage(body, fields)
-    }
-
-    fn inspect(&self, data: &[u8]) -> Seen {
-        wire::inspect(data)
-    }
-
-    fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
-        wire::whole_usage(json)
-    }
-
-    fn edit(&self, json: &[u8], edits: &Edits) -> Option<Bytes> {
-        wire::edit_json(json, edits)
-    }
-
-    fn end_event(&self) -> Option<&'static [u8]> {
-        Some(wire::DONE_EVENT)
-    }
-
-    fn stream_error_event(&self, err: &ApiError) -> Bytes {
-        wire::stream_error_event(err)
-    }
-
-    fn error_response(&self, err: ApiError) -> Response {
-        wire::error_response(err)
-    }
-
     fn id_prefix(&self) -> &'static str {
         "embd-"
-    }
-
-    fn native(&self, _kind: BackendKind) -> bool {
-        true
     }
 
     fn tokenize_form(&self, _prompt: &[u8]) -> Option<TokenizeForm> {
@@ -86,6 +45,7 @@ impl ClientApi for Embeddings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::BackendKind;
 
     #[test]
     fn routed_fields_and_output() {

@@ -18,8 +18,8 @@
 //! # Adding a client API
 //!
 //! 1. Create `src/api/<name>.rs` with a unit struct implementing [`ClientApi`] and a
-//!    `pub static <NAME>: &dyn ClientApi` for it, as [`chat`] does. Answer every method for the
-//!    new API's wire format: parse its routed fields into [`RequestFields`] (reuse
+//!    `pub static <NAME>: &dyn ClientApi` for it, as [`chat`] does. The provided methods answer
+//!    for the OpenAI wire; an API with another wire overrides every one of them: parse its routed fields into [`RequestFields`] (reuse
 //!    [`crate::openai::request`]'s helpers or write a borrowed parse of your own; never build a
 //!    tree of the body), inspect its stream events and whole answers into [`Seen`] / [`Usage`]
 //!    without allocating per event, and shape errors — Sluice's own and the mid-stream terminal
@@ -52,16 +52,19 @@ use bytes::Bytes;
 
 use crate::config::BackendKind;
 use crate::openai::edit::Splice;
-use crate::openai::{ApiError, RequestFields};
-// Until `Usage` moves down to the OpenAI vocabulary (`openai::usage`), it is read from the
-// settlement that defines it.
 pub use crate::openai::usage::Usage;
+use crate::openai::{ApiError, RequestFields};
 
 pub use chat::CHAT;
 pub use completions::COMPLETIONS;
 pub use embeddings::EMBEDDINGS;
 
 /// One client API: what the request path and the stream observer ask of it.
+///
+/// The five required methods are what every API has of its own. The others answer for the
+/// OpenAI wire (`data:` events ending in `[DONE]`, `usage` with `prompt_tokens`, OpenAI's error
+/// body, streamed on `stream: true`, spoken by every backend kind); an API with another wire
+/// overrides each of them, and its unit tests pin every answer.
 pub trait ClientApi: Send + Sync {
     /// The path clients call, and the path forwarded to a backend that speaks the API natively.
     fn path(&self) -> &'static str;
@@ -73,52 +76,74 @@ pub trait ClientApi: Send + Sync {
     /// model, stream, output limit, `n`, the prompt's span and its tokenizer-free estimate.
     fn parse(&self, body: &[u8]) -> Result<RequestFields, ApiError>;
 
-    /// Whether the answer is streamed to the client (the request asked for it and the API can).
-    fn streams(&self, fields: &RequestFields) -> bool;
-
-    /// Expected output tokens, `default` when the client gave no limit.
-    fn expected_output(&self, fields: &RequestFields, default: u64) -> u64;
-
-    /// The splice that gives the backend its own name for the model.
-    fn rename_model(&self, fields: &RequestFields, to: &str) -> Splice;
-
-    /// For a streamed request: the splice that makes the backend report usage at the end of the
-    /// stream when the client did not ask for it. `Some` also makes the observer drop that
-    /// report ([`Seen::usage_only`]) before it reaches the client.
-    fn force_stream_usage(&self, body: &[u8], fields: &RequestFields) -> Option<Splice>;
-
-    /// What one stream event's data says (called on every event: borrow, never allocate).
-    fn inspect(&self, data: &[u8]) -> Seen;
-
-    /// The usage in a whole (non-streamed) answer; `Err` when the body is not JSON at all
-    /// (valid JSON of an unexpected shape is `Ok(None)`).
-    fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error>;
-
-    /// Apply `edits` to one JSON object (a stream event's data or a whole answer); `None` when
-    /// it cannot be read (it is then passed on as it came).
-    fn edit(&self, json: &[u8], edits: &Edits) -> Option<Bytes>;
-
-    /// The complete event that ends a stream of this API (`data: [DONE]\n\n`), written in place
-    /// of the backend's own end marker and after a backend's in-stream error; `None` when the
-    /// API's last event is a typed one.
-    fn end_event(&self) -> Option<&'static [u8]>;
-
-    /// The complete event(s) that end a stream a backend broke mid-way, so this API's SDKs
-    /// raise instead of returning a truncated answer.
-    fn stream_error_event(&self, err: &ApiError) -> Bytes;
-
-    /// The response for an error (Sluice's own, or a backend's normalised into [`ApiError`]).
-    fn error_response(&self, err: ApiError) -> Response;
-
     /// The prefix of the id filled in where a backend leaves it empty (TGI).
     fn id_prefix(&self) -> &'static str;
-
-    /// Whether a backend of `kind` speaks this API natively (only those are candidates).
-    fn native(&self, kind: BackendKind) -> bool;
 
     /// How a backend's tokenizer can count this request's prompt (`prompt`: its raw JSON
     /// value at [`RequestFields::prompt_span`]); `None` when it cannot.
     fn tokenize_form(&self, prompt: &[u8]) -> Option<TokenizeForm>;
+
+    /// Whether the answer is streamed to the client (the request asked for it and the API can).
+    fn streams(&self, fields: &RequestFields) -> bool {
+        fields.stream
+    }
+
+    /// Expected output tokens, `default` when the client gave no limit.
+    fn expected_output(&self, fields: &RequestFields, default: u64) -> u64 {
+        wire::expected_output(fields, default)
+    }
+
+    /// The splice that gives the backend its own name for the model.
+    fn rename_model(&self, fields: &RequestFields, to: &str) -> Splice {
+        crate::openai::edit::rename_model(fields, to)
+    }
+
+    /// For a streamed request: the splice that makes the backend report usage at the end of the
+    /// stream when the client did not ask for it. `Some` also makes the observer drop that
+    /// report ([`Seen::usage_only`]) before it reaches the client.
+    fn force_stream_usage(&self, body: &[u8], fields: &RequestFields) -> Option<Splice> {
+        crate::openai::edit::force_include_usage(body, fields)
+    }
+
+    /// What one stream event's data says (called on every event: borrow, never allocate).
+    fn inspect(&self, data: &[u8]) -> Seen {
+        wire::inspect(data)
+    }
+
+    /// The usage in a whole (non-streamed) answer; `Err` when the body is not JSON at all
+    /// (valid JSON of an unexpected shape is `Ok(None)`).
+    fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
+        wire::whole_usage(json)
+    }
+
+    /// Apply `edits` to one JSON object (a stream event's data or a whole answer); `None` when
+    /// it cannot be read (it is then passed on as it came).
+    fn edit(&self, json: &[u8], edits: &Edits) -> Option<Bytes> {
+        wire::edit_json(json, edits)
+    }
+
+    /// The complete event that ends a stream of this API (`data: [DONE]\n\n`), written in place
+    /// of the backend's own end marker and after a backend's in-stream error; `None` when the
+    /// API's last event is a typed one.
+    fn end_event(&self) -> Option<&'static [u8]> {
+        Some(wire::DONE_EVENT)
+    }
+
+    /// The complete event(s) that end a stream a backend broke mid-way, so this API's SDKs
+    /// raise instead of returning a truncated answer.
+    fn stream_error_event(&self, err: &ApiError) -> Bytes {
+        wire::stream_error_event(err)
+    }
+
+    /// The response for an error (Sluice's own, or a backend's normalised into [`ApiError`]).
+    fn error_response(&self, err: ApiError) -> Response {
+        wire::error_response(err)
+    }
+
+    /// Whether a backend of `kind` speaks this API natively (only those are candidates).
+    fn native(&self, _kind: BackendKind) -> bool {
+        true
+    }
 }
 
 impl std::fmt::Debug for dyn ClientApi {
