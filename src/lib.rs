@@ -3,7 +3,7 @@
 //!
 //! # Layers
 //! Bottom to top; a module names only modules of its own layer or lower ones (the table in
-//! docs/architecture.md, enforced by `tests/layering.rs`).
+//! docs/architecture.md, enforced by `tests/it/layering.rs`).
 //!
 //! 1. [`telemetry`]: logs, metric names, the access record and request ids.
 //! 2. [`rt`]: the current serving thread's index, the default number of serving threads.

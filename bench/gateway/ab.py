@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""A/B of two Sluice builds in one run: same simulators, same nginx baseline, alternating rounds.
+
+Machines here are noisy, so a change to the data path is judged against the build before it in
+the same run, never against figures from another day. Both builds serve the realistic "full"
+configuration of bench.py (API keys, limits, token-aware routing) in front of the same two
+zero-delay simulators; nginx in front of the same simulators is the yardstick. Each round loads
+every target in turn: saturation (wrk -c64, CPU per 10k requests), concurrency 1 (p50/p99), and a
+fixed rate (oha, latency corrected for coordinated omission) at 30% of the slower build's
+saturation in the first round. The best round per target is reported, with every round in the
+JSON so the spread is visible.
+
+Usage:
+  python3 bench/gateway/ab.py --a OLD_BINARY --b NEW_BINARY [--rounds 4] [--seconds 6]
+  python3 bench/gateway/ab.py --smoke --a BIN --b BIN     # seconds; keeps the harness working
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from bench import (BENCH_KEY, ROOT, SMALL_BODY, Procs, cpu_seconds, fixed_rate, raise_nofile, sim,
+                   start_nginx, start_sluice, wrk)
+
+
+def shown(path):
+    """A binary's name as the results file records it: relative to the repository when inside it."""
+    full = os.path.abspath(path)
+    return os.path.relpath(full, ROOT) if full.startswith(ROOT + os.sep) else os.path.basename(full)
+
+
+def round_of(targets, secs, body, rate):
+    """One pass over every target; returns {target: measurements}."""
+    out = {}
+    for name, (port, hdr, proc) in targets.items():
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        before = cpu_seconds(proc.pid)
+        sat = wrk(url, secs, 64, 2, body, hdr)
+        cpu = (cpu_seconds(proc.pid) - before) / max(1, sat["requests"]) * 1e4
+        c1 = wrk(url, secs, 1, 1, body, hdr)
+        fixed = fixed_rate(url, secs, rate, body, hdr) if rate else None
+        out[name] = {"rps": sat["rps"], "sat_errors": sat["errors"], "cpu_s_per_10k": round(cpu, 3),
+                     "c1_p50_ms": c1["p50_ms"], "c1_p99_ms": c1["p99_ms"], "c1_errors": c1["errors"],
+                     "fixed": fixed}
+    return out
+
+
+def best(rounds, name, key, agg):
+    vals = [r[name][key] for r in rounds if r[name][key] == r[name][key]]
+    return agg(vals) if vals else float("nan")
+
+
+def summary(rounds):
+    s = {}
+    for name in rounds[0]:
+        fixed = [r[name]["fixed"] for r in rounds if r[name]["fixed"]]
+        s[name] = {"rps": best(rounds, name, "rps", max),
+                   "cpu_s_per_10k": best(rounds, name, "cpu_s_per_10k", min),
+                   "c1_p50_ms": best(rounds, name, "c1_p50_ms", min),
+                   "c1_p99_ms": best(rounds, name, "c1_p99_ms", min),
+                   "fixed_p99_ms": min((f["p99_ms"] for f in fixed), default=float("nan")),
+                   "errors": sum(r[name]["sat_errors"] + r[name]["c1_errors"] + (r[name]["fixed"] or {}).get("errors", 0)
+                                 for r in rounds)}
+    return s
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--a", required=True, help="the build before the change")
+    ap.add_argument("--b", required=True, help="the build with the change")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--seconds", type=int, default=6)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    for tool in ("wrk", "nginx", "oha"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is required (see bench.py)")
+    raise_nofile()
+    secs, rounds = (1, 1) if args.smoke else (args.seconds, args.rounds)
+    procs = Procs()
+    tmp = tempfile.mkdtemp(prefix="sluice-ab-")
+    results = {"a": shown(args.a), "b": shown(args.b), "seconds": secs, "rounds": []}
+    try:
+        sims = [sim(procs, args.b, ["--speed", "0", "--max-model-len", "4000000"]) for _ in range(2)]
+        nginx_port, nginx_proc = start_nginx(procs, sims, tmp)
+        a_port, a_proc = start_sluice(procs, args.a, sims, True, tempfile.mkdtemp(prefix="sluice-ab-a-"))
+        b_port, b_proc = start_sluice(procs, args.b, sims, True, tempfile.mkdtemp(prefix="sluice-ab-b-"))
+        auth = {"Authorization": f"Bearer {BENCH_KEY}"}
+        targets = {"nginx": (nginx_port, {}, nginx_proc), "a": (a_port, auth, a_proc), "b": (b_port, auth, b_proc)}
+        body = os.path.join(tmp, "small.json")
+        with open(body, "w") as f:
+            f.write(SMALL_BODY)
+        first = round_of(targets, secs, body, 0)
+        rate = max(50, int(0.3 * min(first["a"]["rps"], first["b"]["rps"])))
+        results["fixed_rate"] = rate
+        results["rounds"].append(first)
+        for _ in range(rounds):
+            results["rounds"].append(round_of(targets, secs, body, rate))
+    finally:
+        procs.stop()
+
+    s = summary(results["rounds"])
+    results["summary"] = s
+    results["ratios"] = {"rps_b_over_a": round(s["b"]["rps"] / s["a"]["rps"], 3),
+                         "cpu_b_over_a": round(s["b"]["cpu_s_per_10k"] / max(1e-9, s["a"]["cpu_s_per_10k"]), 3),
+                         "a_over_nginx": round(s["a"]["rps"] / s["nginx"]["rps"], 3),
+                         "b_over_nginx": round(s["b"]["rps"] / s["nginx"]["rps"], 3)}
+    print(f"\n{'target':<7} {'sat rps':>9} {'cpu s/10k':>10} {'c1 p50 ms':>10} {'c1 p99 ms':>10} "
+          f"{'p99 @' + str(results.get('fixed_rate', '')) + '/s':>12} {'errors':>7}")
+    for n, v in s.items():
+        print(f"{n:<7} {v['rps']:>9.0f} {v['cpu_s_per_10k']:>10.3f} {v['c1_p50_ms']:>10.3f} "
+              f"{v['c1_p99_ms']:>10.3f} {v['fixed_p99_ms']:>12.3f} {v['errors']:>7}")
+    print("ratios:", json.dumps(results["ratios"]))
+    out_dir = os.path.join(ROOT, "bench", "results")
+    os.makedirs(out_dir, exist_ok=True)
+    name = "ab-smoke.json" if args.smoke else f"ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    with open(os.path.join(out_dir, name), "w") as f:
+        json.dump(results, f, indent=1)
+    errors = sum(v["errors"] for v in s.values())
+    if args.smoke and errors:
+        sys.exit(f"smoke run saw {errors} errors")
+
+
+if __name__ == "__main__":
+    main()
