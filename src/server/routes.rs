@@ -30,6 +30,7 @@ use crate::fleet::{BackendView, Health};
 use crate::gateway::Gateway;
 use crate::openai::ApiError;
 use crate::proxy;
+use crate::proxy::stored::Call;
 use crate::telemetry::metrics as m;
 
 /// The client-facing router (plus operations, unless `with_ops` is false).
@@ -43,6 +44,19 @@ pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
         .route(
             client_api::EMBEDDINGS.path(),
             inference(client_api::EMBEDDINGS),
+        )
+        .route(
+            client_api::RESPONSES.path(),
+            inference(client_api::RESPONSES),
+        )
+        .route(
+            "/v1/responses/{id}",
+            stored(client_api::RESPONSES, Call::Get)
+                .delete(stored_handler(client_api::RESPONSES, Call::Delete)),
+        )
+        .route(
+            "/v1/responses/{id}/cancel",
+            post(stored_handler(client_api::RESPONSES, Call::Cancel)),
         )
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
@@ -185,6 +199,27 @@ fn finish(r: Router<Arc<Gateway>>, gw: Arc<Gateway>) -> Router {
 /// The route of one client API: `POST` its path through the request path.
 fn inference(api: &'static dyn ClientApi) -> MethodRouter<Arc<Gateway>> {
     post(move |State(gw): State<Arc<Gateway>>, req: Request<Body>| proxy::handle(gw, api, req))
+}
+
+/// A stored object's `GET` route; other methods are added with [`stored_handler`].
+fn stored(api: &'static dyn ClientApi, call: Call) -> MethodRouter<Arc<Gateway>> {
+    get(stored_handler(api, call))
+}
+
+/// The handler of one call on a stored object of `api`, sent to the backend its id names.
+fn stored_handler(
+    api: &'static dyn ClientApi,
+    call: Call,
+) -> impl Fn(
+    State<Arc<Gateway>>,
+    Path<String>,
+    Request<Body>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>>
+       + Clone
+       + Send
+       + Sync
+       + 'static {
+    move |State(gw), Path(id), req| Box::pin(proxy::stored::handle(gw, api, call, id, req))
 }
 
 async fn not_found(uri: Uri) -> Response {
