@@ -1,6 +1,7 @@
 //! The HTTP surface: the OpenAI-compatible client API and the operations endpoints.
 //!
 //! Client API: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+//! `/v1/responses`, `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`,
 //! `GET /v1/models`, `GET /v1/models/{id}`. Operations: `GET /healthz`, `/readyz`, `/metrics`,
 //! `/admin/backends`, `/admin/usage`, `/admin/summary`, `/dashboard`. When an admin listener is configured the operations other than
 //! `/healthz` and `/readyz` are served only there. Unknown paths get an OpenAI-shaped 404, a
@@ -52,11 +53,11 @@ pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
         .route(
             "/v1/responses/{id}",
             stored(client_api::RESPONSES, Call::Get)
-                .delete(stored_handler(client_api::RESPONSES, Call::Delete)),
+                .merge(stored(client_api::RESPONSES, Call::Delete)),
         )
         .route(
             "/v1/responses/{id}/cancel",
-            post(stored_handler(client_api::RESPONSES, Call::Cancel)),
+            stored(client_api::RESPONSES, Call::Cancel),
         )
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
@@ -201,25 +202,16 @@ fn inference(api: &'static dyn ClientApi) -> MethodRouter<Arc<Gateway>> {
     post(move |State(gw): State<Arc<Gateway>>, req: Request<Body>| proxy::handle(gw, api, req))
 }
 
-/// A stored object's `GET` route; other methods are added with [`stored_handler`].
+/// One call on a stored object of `api`, sent to the backend its id names.
 fn stored(api: &'static dyn ClientApi, call: Call) -> MethodRouter<Arc<Gateway>> {
-    get(stored_handler(api, call))
-}
-
-/// The handler of one call on a stored object of `api`, sent to the backend its id names.
-fn stored_handler(
-    api: &'static dyn ClientApi,
-    call: Call,
-) -> impl Fn(
-    State<Arc<Gateway>>,
-    Path<String>,
-    Request<Body>,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>>
-       + Clone
-       + Send
-       + Sync
-       + 'static {
-    move |State(gw), Path(id), req| Box::pin(proxy::stored::handle(gw, api, call, id, req))
+    let handler = move |State(gw): State<Arc<Gateway>>, Path(id): Path<String>, req| {
+        proxy::stored::handle(gw, api, call, id, req)
+    };
+    match call {
+        Call::Get => get(handler),
+        Call::Delete => axum::routing::delete(handler),
+        Call::Cancel => post(handler),
+    }
 }
 
 async fn not_found(uri: Uri) -> Response {
