@@ -371,3 +371,35 @@ async fn openai_python_sdk_responses_end_to_end() {
     g1.stop().await;
     g2.stop().await;
 }
+
+/// A backend that answers busy before the first byte: the Responses request goes to the
+/// other one, as a chat request would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_before_the_first_byte() {
+    let busy = store_sim("fo-m", 0.0).await;
+    busy.set_fault(Fault::mode(FaultMode::Overloaded)).unwrap();
+    let good = store_sim("fo-m", 0.0).await;
+    let mut t = backend("fo-busy", "vllm", &busy.url(), &["fo-m"]);
+    t.push_str(&backend("fo-good", "vllm", &good.url(), &["fo-m"]));
+    t.push_str("\n[routing]\npolicy = \"round-robin\"\nmax_attempts = 2\n");
+    let g = TestGateway::start(&t).await;
+    let c = client();
+    for stream in [false, true, false, true] {
+        let r = post(&c, g.url("/v1/responses"), &body("fo-m", stream, 3)).await;
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.unwrap();
+        assert!(text.contains("\"output_tokens\":3"), "{text}");
+        let id_at = text.find("\"id\":\"resp_").unwrap() + 6;
+        let id: String = text[id_at..].chars().take_while(|c| *c != '"').collect();
+        assert!(ids::decode(&id).unwrap().held_by("fo-good"), "{id}");
+    }
+    let failovers = metric(
+        &g.metrics_text().await,
+        "sluice_failovers_total{model=\"fo-m\"}",
+    );
+    assert!(
+        failovers >= 1.0,
+        "round robin picked the busy backend once at least"
+    );
+    g.stop().await;
+}
