@@ -127,7 +127,7 @@ async fn cors(
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
         h.insert(
             header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static("GET, POST, OPTIONS"),
+            HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
         );
         // SDKs send many headers of their own (x-stainless-*, openai-*): allow what the
         // browser asks for; the origin is what is restricted.
