@@ -14,6 +14,7 @@
 //! | chat completions | [`chat`] | `/v1/chat/completions` | `chat` |
 //! | completions | [`completions`] | `/v1/completions` | `completions` |
 //! | embeddings | [`embeddings`] | `/v1/embeddings` | `embeddings` |
+//! | Responses | [`responses`] | `/v1/responses` | `responses` |
 //!
 //! # Adding a client API
 //!
@@ -43,6 +44,7 @@
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
+pub mod responses;
 pub mod wire;
 
 use std::sync::Arc;
@@ -58,6 +60,7 @@ use crate::openai::{ApiError, RequestFields};
 pub use chat::CHAT;
 pub use completions::COMPLETIONS;
 pub use embeddings::EMBEDDINGS;
+pub use responses::RESPONSES;
 
 /// One client API: what the request path and the stream observer ask of it.
 ///
@@ -144,6 +147,76 @@ pub trait ClientApi: Send + Sync {
     fn native(&self, _kind: BackendKind) -> bool {
         true
     }
+
+    /// The error for a known model none of whose backends speaks this API natively.
+    fn not_native(&self, model: &str) -> ApiError {
+        ApiError::model_not_found(model)
+    }
+
+    /// Whether the request refers to state held by one backend (a stored response), for a
+    /// caller of `tenant`: that backend is then its only candidate, and the splice gives the
+    /// backend its own id. `Err` when the reference is not one this tenant may use.
+    fn pin(&self, _body: &[u8], _tenant: &str) -> Result<Option<Pin>, ApiError> {
+        Ok(None)
+    }
+
+    /// For an API whose ids name the backend holding them: the prefix put before every id
+    /// `backend` answers with for a caller of `tenant` ([`Edits::issue_ids`]).
+    fn issued_ids(&self, _backend: &str, _tenant: &str) -> Option<String> {
+        None
+    }
+
+    /// The backend holding the object `id` names (a stored response), for a caller of
+    /// `tenant`; `Err` (the API's not-found answer) when the id is not one this tenant may use.
+    fn locate(&self, id: &str, _tenant: &str) -> Result<Pin, ApiError> {
+        Err(ApiError::not_found_path(id))
+    }
+}
+
+/// A request pinned to the one backend that holds what it refers to: no other candidate, so no
+/// failover to another backend either (none has that state).
+#[derive(Debug, Clone)]
+pub struct Pin {
+    /// The id as the client sent it (for error messages).
+    pub id: String,
+    /// The holding backend's tag ([`responses::ids::tag`] of its configured name).
+    pub holder_tag: String,
+    /// The id on the holding backend.
+    pub backend_id: String,
+    /// Puts the backend's own id in place of the client's in a request body.
+    pub splice: Option<Splice>,
+}
+
+impl Pin {
+    /// Whether the backend named `backend` holds the pinned state.
+    pub fn holds(&self, backend: &str) -> bool {
+        responses::ids::tag(backend) == self.holder_tag
+    }
+
+    /// The error when its holder does not have it (any more).
+    pub fn not_found(&self) -> ApiError {
+        responses::not_found(&self.id)
+    }
+
+    /// The error when no backend of the fleet holds it any more.
+    pub fn gone(&self) -> ApiError {
+        responses::holder_gone(&self.id)
+    }
+
+    /// The error when its holder cannot be reached now.
+    pub fn unavailable(&self, backend: &str) -> ApiError {
+        responses::holder_unavailable(&self.id, backend)
+    }
+
+    /// The error when its holder does not serve the requested model.
+    pub fn model_not_there(&self, backend: &str, model: &str) -> ApiError {
+        ApiError::bad_request(format!(
+            "Response with id '{}' is stored on backend `{backend}`, which does not serve the \
+             model `{model}`.",
+            self.id
+        ))
+        .with_param("previous_response_id")
+    }
 }
 
 impl std::fmt::Debug for dyn ClientApi {
@@ -193,6 +266,9 @@ pub struct Edits {
     /// The backend's API key: replaced by `[redacted]` wherever the backend echoes it (an error
     /// event inside a 200 stream, say). Not an edit: a stream without it stays zero-copy.
     pub redact: Option<Arc<str>>,
+    /// Put this prefix before the response ids of the answer (stored responses:
+    /// [`ClientApi::issued_ids`]).
+    pub issue_ids: Option<Arc<str>>,
 }
 
 impl Edits {
@@ -201,10 +277,14 @@ impl Edits {
             && !self.strip_usage
             && self.fill_id.is_none()
             && !self.normalize_finish
+            && self.issue_ids.is_none()
     }
 
     /// Whether a whole (non-streamed) answer is edited (`strip_usage` is for streams only).
     pub fn edits_whole(&self) -> bool {
-        self.rename_model.is_some() || self.fill_id.is_some() || self.normalize_finish
+        self.rename_model.is_some()
+            || self.fill_id.is_some()
+            || self.normalize_finish
+            || self.issue_ids.is_some()
     }
 }

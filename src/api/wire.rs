@@ -219,6 +219,7 @@ mod tests {
             normalize_finish: true,
             strip_usage: false,
             redact: None,
+            issue_ids: None,
         };
         let out = edit_json(
             br#"{"id":"","model":"llama-3.1-8b","choices":[{"finish_reason":"stop_sequence"}]}"#,

@@ -86,6 +86,11 @@ impl Fleet {
         &self.tls
     }
 
+    /// Every backend, configured ones first.
+    pub fn backends(&self) -> &[Arc<Backend>] {
+        &self.backends
+    }
+
     pub fn get(&self, name: &str) -> Option<&Arc<Backend>> {
         self.backends.iter().find(|b| b.name() == name)
     }

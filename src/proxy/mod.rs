@@ -32,6 +32,7 @@
 pub mod headers;
 pub mod observe;
 pub mod sse;
+pub mod stored;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,7 +44,7 @@ use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
-use crate::api::{ClientApi, Edits};
+use crate::api::{ClientApi, Edits, Pin};
 use crate::auth::Identity;
 use crate::config::{BackendKind, Config, PolicyKind};
 use crate::fleet::speed::ModelShapes;
@@ -148,6 +149,8 @@ struct Prepared {
     policy: PolicyKind,
     input: RouteInput,
     streaming: bool,
+    /// The one backend that holds what the request refers to (its only candidate).
+    pin: Option<Pin>,
     shapes: Arc<ModelShapes>,
     /// Taken by the answering attempt's settlement; dropped (refunded) when none answers.
     permit: Option<Permit>,
@@ -170,7 +173,8 @@ async fn prepare(
     let (client_headers, body) = read_body(req, config.server.max_body_bytes).await?;
     let fields = api.parse(&body)?;
     record.stream = fields.stream;
-    let resolved = resolve(rt, api, &identity, &fields)?;
+    let pin = api.pin(&body, &identity.tenant)?;
+    let resolved = resolve(rt, api, &identity, &fields, pin.as_ref())?;
     record.model = resolved.canonical.clone();
     let policy = resolved.policy.unwrap_or(config.routing.policy);
     let shapes = gw.router.shapes.clone();
@@ -184,6 +188,7 @@ async fn prepare(
         identity,
         client_headers,
         streaming: api.streams(&fields),
+        pin,
         body,
         fields,
         resolved,
@@ -195,12 +200,14 @@ async fn prepare(
     })
 }
 
-/// The allow-list, then the model's candidates among the backends that speak `api`.
+/// The allow-list, then the model's candidates among the backends that speak `api` (only the
+/// holder of a pinned request).
 fn resolve(
     rt: &Runtime,
     api: &dyn ClientApi,
     identity: &Identity,
     fields: &RequestFields,
+    pin: Option<&Pin>,
 ) -> Result<Resolved, ApiError> {
     if !identity.allows(&rt.fleet, &fields.model) {
         return Err(crate::auth::model_refused(
@@ -214,7 +221,17 @@ fn resolve(
         .ok_or_else(|| ApiError::model_not_found(&fields.model))?;
     resolved.candidates.retain(|(b, _)| api.native(b.kind()));
     if resolved.candidates.is_empty() {
-        return Err(ApiError::model_not_found(&fields.model));
+        return Err(api.not_native(&fields.model));
+    }
+    if let Some(pin) = pin {
+        resolved.candidates.retain(|(b, _)| pin.holds(b.name()));
+        if resolved.candidates.is_empty() {
+            let holder = rt.fleet.backends().iter().find(|b| pin.holds(b.name()));
+            return Err(match holder {
+                Some(b) => pin.model_not_there(b.name(), &fields.model),
+                None => pin.gone(),
+            });
+        }
     }
     Ok(resolved)
 }
@@ -383,6 +400,7 @@ fn rewrite(p: &Prepared, backend_model: &str) -> (Bytes, bool) {
     };
     let strip_usage = forced.is_some();
     splices.extend(forced);
+    splices.extend(p.pin.as_ref().and_then(|pin| pin.splice.clone()));
     (edit::apply(&p.body, splices), strip_usage)
 }
 
@@ -536,6 +554,10 @@ fn answer_edits(
         fill_id: tgi.then(|| format!("{}{request_id}", p.api.id_prefix())),
         normalize_finish: tgi,
         redact: backend.config.api_key.as_deref().map(Arc::from),
+        issue_ids: p
+            .api
+            .issued_ids(backend.name(), &p.identity.tenant)
+            .map(Arc::from),
     }
 }
 
@@ -669,7 +691,14 @@ fn broken_answer(
 /// The answer when every attempt was spent: the last failure (a busy one with a
 /// `Retry-After`), or "no backend" when none could be tried.
 fn no_answer(last_failure: Option<ApiError>, p: Prepared) -> ApiError {
+    let holder = p.resolved.candidates.first().map(|(b, _)| b.name());
     let mut err = match last_failure {
+        // Only the holder has the pinned state: its failure is "unavailable", whatever it was.
+        _ if p.pin.is_some() => p
+            .pin
+            .as_ref()
+            .map(|pin| pin.unavailable(holder.unwrap_or_default()))
+            .unwrap_or_else(|| ApiError::internal("pinned")),
         Some(mut e) => {
             if e.status == StatusCode::TOO_MANY_REQUESTS
                 || e.status == StatusCode::SERVICE_UNAVAILABLE

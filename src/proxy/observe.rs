@@ -270,6 +270,12 @@ impl<B> ObservedStream<B> {
                 .api
                 .edit(&payload, &self.edits)
                 .unwrap_or_else(|| Bytes::copy_from_slice(&payload));
+            // The event's other fields (`event:` of a typed stream, `id:`) go first, as they
+            // came: only the data is edited.
+            for line in super::sse::lines(&event).filter(|l| !l.is_empty() && !is_data(l)) {
+                batch.extend_from_slice(line);
+                batch.extend_from_slice(b"\n");
+            }
             // One `data:` line per line of the payload: data sent on several lines (valid JSON
             // with line breaks as whitespace) must not lose its later lines (found by fuzzing).
             for (i, line) in edited.split(|b| *b == b'\n' || *b == b'\r').enumerate() {
@@ -339,6 +345,11 @@ impl<B> ObservedStream<B> {
         self.settle.record.error = Some("stream_interrupted".into());
         self.phase = Phase::Done;
     }
+}
+
+/// Whether an SSE line is a `data` field line.
+fn is_data(line: &[u8]) -> bool {
+    line == b"data" || line.starts_with(b"data:")
 }
 
 impl<B> Body for ObservedStream<B>

@@ -1,6 +1,7 @@
 //! The HTTP surface: the OpenAI-compatible client API and the operations endpoints.
 //!
 //! Client API: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+//! `/v1/responses`, `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`,
 //! `GET /v1/models`, `GET /v1/models/{id}`. Operations: `GET /healthz`, `/readyz`, `/metrics`,
 //! `/admin/backends`, `/admin/usage`, `/admin/summary`, `/dashboard`. When an admin listener is configured the operations other than
 //! `/healthz` and `/readyz` are served only there. Unknown paths get an OpenAI-shaped 404, a
@@ -30,6 +31,7 @@ use crate::fleet::{BackendView, Health};
 use crate::gateway::Gateway;
 use crate::openai::ApiError;
 use crate::proxy;
+use crate::proxy::stored::Call;
 use crate::telemetry::metrics as m;
 
 /// The client-facing router (plus operations, unless `with_ops` is false).
@@ -43,6 +45,19 @@ pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
         .route(
             client_api::EMBEDDINGS.path(),
             inference(client_api::EMBEDDINGS),
+        )
+        .route(
+            client_api::RESPONSES.path(),
+            inference(client_api::RESPONSES),
+        )
+        .route(
+            "/v1/responses/{id}",
+            stored(client_api::RESPONSES, Call::Get)
+                .merge(stored(client_api::RESPONSES, Call::Delete)),
+        )
+        .route(
+            "/v1/responses/{id}/cancel",
+            stored(client_api::RESPONSES, Call::Cancel),
         )
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
@@ -112,7 +127,7 @@ async fn cors(
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
         h.insert(
             header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static("GET, POST, OPTIONS"),
+            HeaderValue::from_static("GET, POST, DELETE, OPTIONS"),
         );
         // SDKs send many headers of their own (x-stainless-*, openai-*): allow what the
         // browser asks for; the origin is what is restricted.
@@ -185,6 +200,18 @@ fn finish(r: Router<Arc<Gateway>>, gw: Arc<Gateway>) -> Router {
 /// The route of one client API: `POST` its path through the request path.
 fn inference(api: &'static dyn ClientApi) -> MethodRouter<Arc<Gateway>> {
     post(move |State(gw): State<Arc<Gateway>>, req: Request<Body>| proxy::handle(gw, api, req))
+}
+
+/// One call on a stored object of `api`, sent to the backend its id names.
+fn stored(api: &'static dyn ClientApi, call: Call) -> MethodRouter<Arc<Gateway>> {
+    let handler = move |State(gw): State<Arc<Gateway>>, Path(id): Path<String>, req| {
+        proxy::stored::handle(gw, api, call, id, req)
+    };
+    match call {
+        Call::Get => get(handler),
+        Call::Delete => axum::routing::delete(handler),
+        Call::Cancel => post(handler),
+    }
 }
 
 async fn not_found(uri: Uri) -> Response {

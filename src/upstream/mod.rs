@@ -17,4 +17,6 @@ pub mod client;
 pub mod send;
 
 pub use client::{BackendTls, HttpClient, HttpsConnector, Pools};
-pub use send::{describe_client_error, retry_after, retryable_status, send, AttemptError, Target};
+pub use send::{
+    describe_client_error, retry_after, retryable_status, send, send_method, AttemptError, Target,
+};

@@ -70,11 +70,23 @@ pub async fn send<T: Target + ?Sized>(
     body: Bytes,
     timeout: Duration,
 ) -> Result<Response<Incoming>, AttemptError> {
+    send_method(backend, Method::POST, path, headers, body, timeout).await
+}
+
+/// [`send`] with another method (`GET`, `DELETE` of a stored object).
+pub async fn send_method<T: Target + ?Sized>(
+    backend: &T,
+    method: Method,
+    path: &str,
+    headers: HeaderMap,
+    body: Bytes,
+    timeout: Duration,
+) -> Result<Response<Incoming>, AttemptError> {
     let uri = backend
         .url_for(path)
         .map_err(|e| AttemptError::Build(e.to_string()))?;
     let mut req = Request::builder()
-        .method(Method::POST)
+        .method(method)
         .uri(uri)
         .body(Full::new(body))
         .map_err(|e| AttemptError::Build(e.to_string()))?;
