@@ -14,6 +14,8 @@
 //! | chat completions | [`chat`] | `/v1/chat/completions` | `chat` |
 //! | completions | [`completions`] | `/v1/completions` | `completions` |
 //! | embeddings | [`embeddings`] | `/v1/embeddings` | `embeddings` |
+//! | tokenizer (vLLM) | [`tokenize`] | `/tokenize`, `/detokenize` | `tokenize`, `detokenize` |
+//! | batch chat (vLLM) | [`chat_batch`] | `/v1/chat/completions/batch` | `chat_batch` |
 //!
 //! # Adding a client API
 //!
@@ -41,8 +43,11 @@
 //!   [`ClientApi::stream_error_event`].
 
 pub mod chat;
+pub mod chat_batch;
 pub mod completions;
 pub mod embeddings;
+pub mod engine;
+pub mod tokenize;
 pub mod wire;
 
 use std::sync::Arc;
@@ -58,8 +63,10 @@ use crate::openai::{ApiError, RequestFields};
 pub use crate::openai::usage::Usage;
 
 pub use chat::CHAT;
+pub use chat_batch::CHAT_BATCH;
 pub use completions::COMPLETIONS;
 pub use embeddings::EMBEDDINGS;
+pub use tokenize::{DETOKENIZE, TOKENIZE};
 
 /// One client API: what the request path and the stream observer ask of it.
 pub trait ClientApi: Send + Sync {

@@ -44,6 +44,15 @@ pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
             client_api::EMBEDDINGS.path(),
             inference(client_api::EMBEDDINGS),
         )
+        .route(client_api::TOKENIZE.path(), inference(client_api::TOKENIZE))
+        .route(
+            client_api::DETOKENIZE.path(),
+            inference(client_api::DETOKENIZE),
+        )
+        .route(
+            client_api::CHAT_BATCH.path(),
+            inference(client_api::CHAT_BATCH),
+        )
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
         .route("/healthz", get(healthz))
