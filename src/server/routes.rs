@@ -223,7 +223,7 @@ async fn list_models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Resp
         .models()
         .into_iter()
         .filter(|m| identity.allows(&rt.fleet, &m.id))
-        .map(|m| json!({"id": m.id, "object": "model", "created": created, "owned_by": m.owned_by}))
+        .map(|m| model_json(&m, created))
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
 }
@@ -244,12 +244,19 @@ async fn get_model(
         .into_iter()
         .find(|m| m.id == id && identity.allows(&rt.fleet, &m.id));
     match found {
-        Some(m) => Json(
-            json!({"id": m.id, "object": "model", "created": unix_now(), "owned_by": m.owned_by}),
-        )
-        .into_response(),
+        Some(m) => Json(model_json(&m, unix_now())).into_response(),
         None => ApiError::model_not_found(&id).into_response(),
     }
+}
+
+/// One model of `/v1/models`: OpenAI's shape, plus vLLM's `max_model_len` when a backend
+/// reports the model's context length.
+fn model_json(m: &crate::fleet::snapshot::ModelEntry, created: u64) -> serde_json::Value {
+    let mut v = json!({"id": m.id, "object": "model", "created": created, "owned_by": m.owned_by});
+    if let Some(len) = m.context_length {
+        v["max_model_len"] = json!(len);
+    }
+    v
 }
 
 async fn healthz() -> &'static str {

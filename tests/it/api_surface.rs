@@ -144,7 +144,7 @@ async fn chat_batch_sums_usage_and_reserves_for_every_conversation() {
     );
 
     let m = gw.metrics_text().await;
-    let series = "sluice_requests_total{endpoint=\"chat_batch\",model=\"surf-batch\"";
+    let series = "sluice_requests_total{endpoint=\"chat_batch\",model=\"surf-batch\",tenant=\"surf-batch\",backend=\"surf-batch-v\",status=\"2xx\"}";
     assert!(metric(&m, series) >= 2.0, "{m}");
 }
 
@@ -168,4 +168,82 @@ async fn engine_paths_fail_over_before_the_first_byte() {
         .await;
         assert_eq!(s, 200, "{v}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_are_listed_once_with_the_context_length_a_backend_reports() {
+    use sluice::sim::SimConfig;
+    let cfg = |n: u32| {
+        SimConfig::new(SimKind::Vllm, vec!["surf-ctx".into()])
+            .speed(0.0)
+            .max_model_len(n)
+    };
+    let (a, b) = (
+        support::sim_with(cfg(4096)).await,
+        support::sim_with(cfg(2048)).await,
+    );
+    let disc = support::sim_with(
+        SimConfig::new(SimKind::Vllm, vec!["surf-ctx-disc".into()])
+            .speed(0.0)
+            .max_model_len(777),
+    )
+    .await;
+    let tgi = support::sim(SimKind::Tgi, &["surf-ctx-tgi"]).await;
+    let gw = TestGateway::start_healthy(&format!(
+        "{}{}{}{}",
+        backend("surf-ctx-a", "vllm", &a.url(), &["surf-ctx"]),
+        backend("surf-ctx-b", "vllm", &b.url(), &["surf-ctx"]),
+        backend("surf-ctx-d", "vllm", &disc.url(), &[]),
+        backend("surf-ctx-t", "tgi", &tgi.url(), &["surf-ctx-tgi"]),
+    ))
+    .await;
+    let gw = &gw;
+    let list = support::poll(
+        std::time::Duration::from_secs(10),
+        "models listed",
+        || async move {
+            let v: Value = client()
+                .get(gw.url("/v1/models"))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (v["data"].as_array()?.len() == 3).then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(list["object"], "list");
+    let data = list["data"].as_array().unwrap();
+    let ids: Vec<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        ["surf-ctx", "surf-ctx-disc", "surf-ctx-tgi"],
+        "each once: {list}"
+    );
+    for m in data {
+        assert_eq!(
+            (m["object"].as_str(), m["owned_by"].as_str()),
+            (Some("model"), Some("sluice"))
+        );
+        assert!(m["created"].as_u64().is_some());
+    }
+    // Two backends report 4096 and 2048: every one of them can take 2048.
+    assert_eq!(data[0]["max_model_len"], 2048, "{list}");
+    assert_eq!(data[1]["max_model_len"], 777, "{list}");
+    // TGI's /info has no per-model context length in this shape: the field is left out.
+    assert!(data[2].get("max_model_len").is_none(), "{list}");
+    let one: Value = client()
+        .get(gw.url("/v1/models/surf-ctx"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (one["id"].as_str(), one["max_model_len"].as_u64()),
+        (Some("surf-ctx"), Some(2048))
+    );
 }
