@@ -53,6 +53,20 @@ pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
             client_api::CHAT_BATCH.path(),
             inference(client_api::CHAT_BATCH),
         )
+        .route(
+            client_api::RERANK_V1.path(),
+            inference(client_api::RERANK_V1),
+        )
+        .route(client_api::RERANK.path(), inference(client_api::RERANK))
+        .route(client_api::SCORE.path(), inference(client_api::SCORE))
+        .route(
+            client_api::AUDIO_TRANSCRIPTIONS.path(),
+            inference(client_api::AUDIO_TRANSCRIPTIONS),
+        )
+        .route(
+            client_api::AUDIO_TRANSLATIONS.path(),
+            inference(client_api::AUDIO_TRANSLATIONS),
+        )
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
         .route("/healthz", get(healthz))

@@ -19,6 +19,9 @@ fn key_block(name: &str, tenant: &str, extra: &str) -> (String, String) {
     )
 }
 
+/// What a vLLM backend is asked besides requests: load signals.
+const PROBES: &[&str] = &["/metrics", "/load", "/version"];
+
 async fn post(gw: &TestGateway, key: &str, path: &str, body: Value) -> (u16, Value) {
     let r = client()
         .post(gw.url(path))
@@ -246,4 +249,236 @@ async fn models_are_listed_once_with_the_context_length_a_backend_reports() {
         (one["id"].as_str(), one["max_model_len"].as_u64()),
         (Some("surf-ctx"), Some(2048))
     );
+}
+
+/// A scripted pooling backend's rerank/score answer.
+const RERANK_ANSWER: &str = r#"{"id":"rerank-1","model":"rr-backend","usage":{"prompt_tokens":11,"total_tokens":11},"results":[{"index":1,"relevance_score":0.9},{"index":0,"relevance_score":0.1}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rerank_and_score_go_to_the_backends_of_the_pooling_model() {
+    let json_ct = vec![("content-type", "application/json".to_string())];
+    let pool = support::ScriptedBackend::start(200, json_ct.clone(), RERANK_ANSWER.into()).await;
+    let chat = support::ScriptedBackend::start(200, json_ct, "{}".into()).await;
+    let tgi = support::sim(SimKind::Tgi, &["surf-rr-tgi"]).await;
+    let (key, block) = key_block(
+        "surf-rr",
+        "surf-rr",
+        "models = [\"surf-rr\", \"surf-rr-tgi\"]",
+    );
+    let gw = TestGateway::start_healthy(&format!(
+        "{}model_names = {{ \"surf-rr\" = \"rr-backend\" }}\n{}{}{block}",
+        backend("surf-rr-pool", "vllm", &pool.url(), &["surf-rr"]),
+        backend("surf-rr-chat", "openai", &chat.url(), &["surf-other"]),
+        backend("surf-rr-t", "tgi", &tgi.url(), &["surf-rr-tgi"]),
+    ))
+    .await;
+    let body = json!({"model": "surf-rr", "query": "q", "documents": ["a", "b"], "top_n": 2});
+    for path in ["/v1/rerank", "/rerank", "/v1/score"] {
+        let (s, v) = post(&gw, &key, path, body.clone()).await;
+        assert_eq!(s, 200, "{path}: {v}");
+        assert_eq!(v["results"][0]["index"], 1);
+        // The client's model name comes back; the backend got its own.
+        assert_eq!(v["model"], "surf-rr", "{path}");
+    }
+    let seen = pool
+        .inference_requests()
+        .into_iter()
+        .filter(|s| !PROBES.contains(&s.path.as_str()))
+        .collect::<Vec<_>>();
+    let paths: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(paths, ["/v1/rerank", "/rerank", "/v1/score"]);
+    let sent: Value = serde_json::from_slice(&seen[0].body).unwrap();
+    assert_eq!(
+        sent,
+        json!({"model": "rr-backend", "query": "q", "documents": ["a", "b"], "top_n": 2})
+    );
+    assert_eq!(
+        seen[0].headers.get("authorization"),
+        None,
+        "the client's key stays here"
+    );
+    assert!(
+        chat.inference_requests()
+            .into_iter()
+            .filter(|s| !PROBES.contains(&s.path.as_str()))
+            .collect::<Vec<_>>()
+            .is_empty(),
+        "only the model's backends are candidates"
+    );
+
+    // No TGI serves rerank; a model outside the key's allow-list is refused before routing.
+    let (s, _) = post(
+        &gw,
+        &key,
+        "/v1/rerank",
+        json!({"model": "surf-rr-tgi", "query": "q", "documents": []}),
+    )
+    .await;
+    assert_eq!(s, 404);
+    let (s, v) = post(
+        &gw,
+        &key,
+        "/v1/score",
+        json!({"model": "surf-other", "text_1": "a", "text_2": "b"}),
+    )
+    .await;
+    assert!(s == 403 || s == 404, "{s} {v}");
+    assert!(chat
+        .inference_requests()
+        .into_iter()
+        .filter(|s| !PROBES.contains(&s.path.as_str()))
+        .collect::<Vec<_>>()
+        .is_empty());
+    // Anything else under /v1/ is still an OpenAI 404.
+    let (s, v) = post(&gw, &key, "/v1/classify", body).await;
+    assert_eq!(
+        (s, v["error"]["type"].as_str()),
+        (404, Some("invalid_request_error")),
+        "{v}"
+    );
+
+    let m = gw.metrics_text().await;
+    for (endpoint, n) in [("rerank", 2.0), ("score", 1.0)] {
+        let series = format!(
+            "sluice_requests_total{{endpoint=\"{endpoint}\",model=\"surf-rr\",tenant=\"surf-rr\",backend=\"surf-rr-pool\",status=\"2xx\"}}"
+        );
+        assert_eq!(metric(&m, &series), n, "{series}\n{m}");
+    }
+}
+
+/// A multipart body: an audio file part (with bytes that look like fields), then `model`.
+fn audio_form(boundary: &str, model: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"model.wav\"\r\nContent-Type: audio/wav\r\n\r\n").as_bytes());
+    b.extend_from_slice(b"RIFF\x00\x01\xff name=\"model\"\r\n\r\nnot-this\x00");
+    b.extend_from_slice(format!("\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"response_format\"\r\n\r\ntext\r\n--{boundary}--\r\n").as_bytes());
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audio_forms_are_routed_by_their_model_field_and_forwarded_byte_for_byte() {
+    let text = vec![("content-type", "text/plain; charset=utf-8".to_string())];
+    let whisper = support::ScriptedBackend::start(200, text, "hello there\n".into()).await;
+    let other = support::sim(SimKind::Vllm, &["surf-chat"]).await;
+    let (key, block) = key_block("surf-au", "surf-au", "requests_per_minute = 2");
+    let gw = TestGateway::start_healthy(&format!(
+        "{}{}\n[server]\nmax_body_bytes = 4096\n{block}",
+        backend("surf-au-w", "openai", &whisper.url(), &["surf-whisper"]),
+        backend("surf-au-c", "vllm", &other.url(), &["surf-chat"]),
+    ))
+    .await;
+    let send = |path: &'static str, ct: String, body: Vec<u8>| {
+        let (url, key) = (gw.url(path), key.clone());
+        async move {
+            let r = client()
+                .post(url)
+                .bearer_auth(key)
+                .header("content-type", ct)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let ct = "multipart/form-data; boundary=surfB0undary".to_string();
+    let form = audio_form("surfB0undary", "surf-whisper");
+    let (s, t) = send("/v1/audio/transcriptions", ct.clone(), form.clone()).await;
+    assert_eq!((s, t.as_str()), (200, "hello there\n"));
+    let (s, t) = send("/v1/audio/translations", ct.clone(), form.clone()).await;
+    assert_eq!((s, t.as_str()), (200, "hello there\n"));
+    let seen = whisper
+        .inference_requests()
+        .into_iter()
+        .filter(|s| !PROBES.contains(&s.path.as_str()))
+        .collect::<Vec<_>>();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].path, "/v1/audio/transcriptions");
+    assert_eq!(seen[1].path, "/v1/audio/translations");
+    assert_eq!(seen[0].body.as_ref(), form.as_slice(), "byte for byte");
+    assert_eq!(
+        seen[0].headers["content-type"],
+        ct.as_str(),
+        "the boundary reaches the backend"
+    );
+
+    // The third request of the minute is over the key's limit, as for chat.
+    let (s, _) = send("/v1/audio/transcriptions", ct.clone(), form.clone()).await;
+    assert_eq!(s, 429);
+    assert_eq!(
+        whisper
+            .inference_requests()
+            .into_iter()
+            .filter(|s| !PROBES.contains(&s.path.as_str()))
+            .collect::<Vec<_>>()
+            .len(),
+        2
+    );
+
+    let m = gw.metrics_text().await;
+    let series = "sluice_requests_total{endpoint=\"audio_transcriptions\",model=\"surf-whisper\",tenant=\"surf-au\",backend=\"surf-au-w\",status=\"2xx\"}";
+    assert_eq!(metric(&m, series), 1.0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audio_forms_that_cannot_be_routed_are_refused_before_any_backend() {
+    let whisper = support::ScriptedBackend::start(200, vec![], "x".into()).await;
+    let gw = TestGateway::start_healthy(&format!(
+        "{}\n[server]\nmax_body_bytes = 4096\n",
+        backend("surf-au2-w", "vllm", &whisper.url(), &["surf-whisper2"]),
+    ))
+    .await;
+    let send = |ct: &'static str, body: Vec<u8>| {
+        let url = gw.url("/v1/audio/transcriptions");
+        async move {
+            let r = client()
+                .post(url)
+                .header("content-type", ct)
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let s = r.status().as_u16();
+            let v: Value = r.json().await.unwrap();
+            (s, v)
+        }
+    };
+    let ct = "multipart/form-data; boundary=zz";
+    // JSON is not a form.
+    let (s, v) = send(
+        "application/json",
+        b"{\"model\":\"surf-whisper2\"}".to_vec(),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (415, Some("unsupported_media_type")),
+        "{v}"
+    );
+    // A form without a model, a form that is not one, an unknown model.
+    let no_model =
+        b"--zz\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--zz--\r\n".to_vec();
+    let (s, v) = send(ct, no_model).await;
+    assert_eq!(
+        (s, v["error"]["param"].as_str()),
+        (400, Some("model")),
+        "{v}"
+    );
+    assert_eq!(send(ct, b"garbage".to_vec()).await.0, 400);
+    let (s, v) = send(ct, audio_form("zz", "nope")).await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (404, Some("model_not_found")),
+        "{v}"
+    );
+    // Larger than the body cap: 413 without reading it all.
+    let mut big = audio_form("zz", "surf-whisper2");
+    big.splice(0..0, std::iter::repeat_n(b'a', 5000));
+    assert_eq!(send(ct, big).await.0, 413);
+    assert!(whisper
+        .inference_requests()
+        .into_iter()
+        .filter(|s| !PROBES.contains(&s.path.as_str()))
+        .collect::<Vec<_>>()
+        .is_empty());
 }
