@@ -482,3 +482,80 @@ async fn audio_forms_that_cannot_be_routed_are_refused_before_any_backend() {
         .collect::<Vec<_>>()
         .is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_the_status_page_count_each_endpoint() {
+    let vllm = support::sim(SimKind::Vllm, &["surf-sum"]).await;
+    let gw = TestGateway::start_healthy(&backend("surf-sum-v", "vllm", &vllm.url(), &["surf-sum"]))
+        .await;
+    let conv = json!([{"role": "user", "content": "hello"}]);
+    let batch = json!({"model": "surf-sum", "max_tokens": 3, "messages": [conv, conv]});
+    assert_eq!(
+        post(&gw, "", "/v1/chat/completions/batch", batch).await.0,
+        200
+    );
+    assert_eq!(
+        post(
+            &gw,
+            "",
+            "/tokenize",
+            json!({"model": "surf-sum", "prompt": "a"})
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        post(
+            &gw,
+            "",
+            "/tokenize",
+            json!({"model": "nope", "prompt": "a"})
+        )
+        .await
+        .0,
+        404
+    );
+    let chat = support::chat_body("surf-sum", false, 3);
+    assert_eq!(post(&gw, "", "/v1/chat/completions", chat).await.0, 200);
+
+    let m = gw.metrics_text().await;
+    let tokens = |kind: &str, endpoint: &str| {
+        metric(&m, &format!("sluice_{kind}_tokens_total{{model=\"surf-sum\",tenant=\"anonymous\",endpoint=\"{endpoint}\"}}"))
+    };
+    assert!(
+        tokens("prompt", "chat_batch") > 0.0 && tokens("completion", "chat_batch") > 0.0,
+        "{m}"
+    );
+    assert!(tokens("prompt", "chat") > 0.0, "{m}");
+
+    let s: Value = client()
+        .get(gw.url("/admin/summary"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let rows = s["endpoints"].as_array().unwrap();
+    let row = |e: &str| {
+        rows.iter()
+            .find(|r| r["endpoint"] == e)
+            .cloned()
+            .unwrap_or_else(|| panic!("{e} in {s}"))
+    };
+    // The recorder is shared by the tests of this process: other tests' rows only add.
+    assert!(row("tokenize")["requests"].as_f64().unwrap() >= 2.0);
+    assert!(row("tokenize")["errors"].as_f64().unwrap() >= 1.0);
+    assert!(row("chat_batch")["completion_tokens"].as_f64().unwrap() > 0.0);
+    assert!(row("chat")["requests"].as_f64().unwrap() >= 1.0);
+    let page = client()
+        .get(gw.url("/dashboard"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("id=\"endpoints\""));
+}
