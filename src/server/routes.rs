@@ -1,6 +1,8 @@
 //! The HTTP surface: the OpenAI-compatible client API and the operations endpoints.
 //!
-//! Client API: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+//! Client API: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, the engines'
+//! paths (`/tokenize`, `/detokenize`, `/v1/chat/completions/batch`, `/v1/rerank`, `/rerank`,
+//! `/v1/score`, `/v1/audio/transcriptions`, `/v1/audio/translations`; see `api`),
 //! `GET /v1/models`, `GET /v1/models/{id}`. Operations: `GET /healthz`, `/readyz`, `/metrics`,
 //! `/admin/backends`, `/admin/usage`, `/admin/summary`, `/dashboard`. When an admin listener is configured the operations other than
 //! `/healthz` and `/readyz` are served only there. Unknown paths get an OpenAI-shaped 404, a

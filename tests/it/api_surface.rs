@@ -126,7 +126,7 @@ async fn chat_batch_sums_usage_and_reserves_for_every_conversation() {
         u["completion_tokens"].as_u64().unwrap(),
     );
     assert_eq!(u["total_tokens"].as_u64().unwrap(), p + c);
-    assert!(c <= 12 && c >= 3, "completion tokens {c}");
+    assert!((3..=12).contains(&c), "completion tokens {c}");
 
     // 3 × 80 output tokens cannot fit in 200 tokens a minute, though one conversation would.
     let big = json!({"model": "surf-batch", "max_tokens": 80,
