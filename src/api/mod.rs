@@ -15,6 +15,10 @@
 //! | completions | [`completions`] | `/v1/completions` | `completions` |
 //! | embeddings | [`embeddings`] | `/v1/embeddings` | `embeddings` |
 //! | Responses | [`responses`] | `/v1/responses` | `responses` |
+//! | tokenizer (vLLM) | [`tokenize`] | `/tokenize`, `/detokenize` | `tokenize`, `detokenize` |
+//! | batch chat (vLLM) | [`chat_batch`] | `/v1/chat/completions/batch` | `chat_batch` |
+//! | rerank, score | [`pooling`] | `/v1/rerank`, `/rerank`, `/v1/score` | `rerank`, `score` |
+//! | audio (multipart) | [`audio`] | `/v1/audio/transcriptions`, `/v1/audio/translations` | `audio_transcriptions`, `audio_translations` |
 //!
 //! # Adding a client API
 //!
@@ -41,10 +45,16 @@
 //! - Every error a client of this API sees is shaped by [`ClientApi::error_response`] or
 //!   [`ClientApi::stream_error_event`].
 
+pub mod audio;
 pub mod chat;
+pub mod chat_batch;
 pub mod completions;
 pub mod embeddings;
+pub mod engine;
+pub mod multipart;
+pub mod pooling;
 pub mod responses;
+pub mod tokenize;
 pub mod wire;
 
 use std::sync::Arc;
@@ -57,10 +67,14 @@ use crate::openai::edit::Splice;
 pub use crate::openai::usage::Usage;
 use crate::openai::{ApiError, RequestFields};
 
+pub use audio::{AUDIO_TRANSCRIPTIONS, AUDIO_TRANSLATIONS};
 pub use chat::CHAT;
+pub use chat_batch::CHAT_BATCH;
 pub use completions::COMPLETIONS;
 pub use embeddings::EMBEDDINGS;
+pub use pooling::{RERANK, RERANK_V1, SCORE};
 pub use responses::RESPONSES;
+pub use tokenize::{DETOKENIZE, TOKENIZE};
 
 /// One client API: what the request path and the stream observer ask of it.
 ///
@@ -171,6 +185,21 @@ pub trait ClientApi: Send + Sync {
     fn locate(&self, id: &str, _tenant: &str) -> Result<Pin, ApiError> {
         Err(ApiError::not_found_path(id))
     }
+
+    /// How this API's request bodies are encoded: JSON (checked as such, parsed by
+    /// [`ClientApi::parse`], sent as `application/json`) unless the API says otherwise.
+    fn body_form(&self) -> BodyForm {
+        BodyForm::Json
+    }
+
+    /// Parse a `multipart/form-data` body with `boundary` (asked only of an API whose
+    /// [`ClientApi::body_form`] is [`BodyForm::Multipart`]; the body is forwarded with the
+    /// client's content type).
+    fn parse_form(&self, _boundary: &str, _body: &[u8]) -> Result<RequestFields, ApiError> {
+        Err(ApiError::bad_request(
+            "This endpoint does not take multipart/form-data.",
+        ))
+    }
 }
 
 /// A request pinned to the one backend that holds what it refers to: no other candidate, so no
@@ -217,6 +246,13 @@ impl Pin {
         ))
         .with_param("previous_response_id")
     }
+}
+
+/// How a client API's request bodies are encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyForm {
+    Json,
+    Multipart,
 }
 
 impl std::fmt::Debug for dyn ClientApi {

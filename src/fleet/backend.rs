@@ -4,7 +4,7 @@
 //! without a lock; health transitions, which touch several fields at once, take a short mutex and
 //! then publish the resulting [`Health`] atomically.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -161,6 +161,9 @@ pub struct BackendState {
     draining: AtomicBool,
     /// Models discovered from the backend's own list (empty until the first probe answers).
     discovered: ArcSwap<ModelMap>,
+    /// Context length per backend model name, as the backend's model list reports it (vLLM's
+    /// `max_model_len`); empty when it reports none.
+    context_lengths: ArcSwap<BTreeMap<String, u64>>,
     requests_total: AtomicU64,
     failures_total: AtomicU64,
     /// When the backend was last re-admitted (ms since process start; 0 = never): its share of
@@ -191,6 +194,7 @@ impl BackendState {
             skip_until_ms: AtomicU64::new(0),
             draining: AtomicBool::new(false),
             discovered: ArcSwap::from_pointee(ModelMap::new()),
+            context_lengths: ArcSwap::from_pointee(BTreeMap::new()),
             requests_total: AtomicU64::new(0),
             failures_total: AtomicU64::new(0),
             admitted_at_ms: AtomicU64::new(0),
@@ -263,6 +267,19 @@ impl BackendState {
 
     pub fn set_discovered(&self, models: ModelMap) {
         self.discovered.store(Arc::new(models));
+    }
+
+    /// The context length the backend reported for its model `backend_model`.
+    pub fn context_length(&self, backend_model: &str) -> Option<u64> {
+        self.context_lengths.load().get(backend_model).copied()
+    }
+
+    /// Replace the reported context lengths (an empty report keeps the previous ones: a list
+    /// that lost the field says nothing new about the models).
+    pub fn set_context_lengths(&self, lengths: BTreeMap<String, u64>) {
+        if !lengths.is_empty() {
+            self.context_lengths.store(Arc::new(lengths));
+        }
     }
 
     /// The backend was re-admitted at `at_ms` (ms since process start): slow start begins.

@@ -100,6 +100,7 @@ fn spawn_probe(backend: Arc<Backend>, cfg: HealthConfig) -> JoinHandle<()> {
 async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
     {
         let mut last_discovery: Option<u64> = None;
+        let mut last_context: Option<u64> = None;
         loop {
             // TGI's /info also carries its concurrency limit, so it is read even when the
             // models are configured.
@@ -118,6 +119,9 @@ async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
                 }
                 last_discovery = Some(monotonic_ms());
             }
+            if matches!(outcome, ProbeOutcome::Ok { .. }) {
+                learn_context_lengths(&backend, &mut last_context).await;
+            }
             if matches!(outcome, ProbeOutcome::Ok { .. })
                 && backend.kind() == BackendKind::Vllm
                 && cfg.overload_waiting > 0
@@ -133,6 +137,26 @@ async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
             apply(&backend, &cfg, &outcome);
             let jitter = rand::rng().random_range(0.9..1.1);
             tokio::time::sleep(cfg.interval.mul_f64(jitter)).await;
+        }
+    }
+}
+
+/// For a vLLM or OpenAI-compatible backend whose models are configured (so discovery does not
+/// read its list), read its `/v1/models` for the context lengths, at the discovery cadence.
+/// Best effort: a failure says nothing about the backend's health.
+async fn learn_context_lengths(backend: &Backend, last: &mut Option<u64>) {
+    let listed = matches!(backend.kind(), BackendKind::Vllm | BackendKind::OpenAi);
+    let due =
+        last.is_none_or(|t| monotonic_ms().saturating_sub(t) >= DISCOVERY_EVERY.as_millis() as u64);
+    if !(listed && backend.models_configured() && due) {
+        return;
+    }
+    *last = Some(monotonic_ms());
+    if let Ok((status, body)) = get(backend, "/v1/models").await {
+        if status.is_success() {
+            backend
+                .state
+                .set_context_lengths(parse_context_lengths(&body));
         }
     }
 }
@@ -298,6 +322,11 @@ async fn probe_inner(backend: &Backend, discover: bool) -> ProbeOutcome {
             backend.state.set_learned_max_concurrent(n);
         }
     }
+    if models_path == "/v1/models" {
+        backend
+            .state
+            .set_context_lengths(parse_context_lengths(&body));
+    }
     match parse_models(backend.kind(), models_path, &body) {
         Some(models) => ProbeOutcome::Ok {
             models: Some(models),
@@ -330,6 +359,29 @@ struct OpenAiModels {
 struct OpenAiModel {
     id: String,
 }
+#[derive(Deserialize)]
+struct ContextModels {
+    data: Vec<ContextModel>,
+}
+#[derive(Deserialize)]
+struct ContextModel {
+    id: String,
+    #[serde(default)]
+    max_model_len: Option<u64>,
+}
+
+/// The context length of each model of an OpenAI-shaped model list that reports one (vLLM's
+/// `max_model_len`); empty for any other body.
+pub fn parse_context_lengths(body: &[u8]) -> std::collections::BTreeMap<String, u64> {
+    let Ok(list) = serde_json::from_slice::<ContextModels>(body) else {
+        return Default::default();
+    };
+    list.data
+        .into_iter()
+        .filter_map(|m| Some((m.id, m.max_model_len.filter(|n| *n > 0)?)))
+        .collect()
+}
+
 #[derive(Deserialize)]
 struct TgiInfo {
     model_id: String,
@@ -397,6 +449,10 @@ mod tests {
             vec!["llama3.2:latest"]
         );
         assert!(parse_models(BackendKind::Vllm, "/v1/models", b"<html>").is_none());
+        let lengths = parse_context_lengths(vllm);
+        assert_eq!(lengths.get("tiny"), Some(&1024));
+        assert!(parse_context_lengths(br#"{"data":[{"id":"x"}]}"#).is_empty());
+        assert!(parse_context_lengths(tgi).is_empty());
         assert_eq!(parse_tgi_limit(tgi), Some(128));
     }
 

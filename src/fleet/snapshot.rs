@@ -38,6 +38,9 @@ pub struct ModelEntry {
     pub owned_by: String,
     /// Backends serving it now.
     pub backends: Vec<String>,
+    /// The smallest context length its backends report (what every one of them can take);
+    /// `None` when none reports one.
+    pub context_length: Option<u64>,
 }
 
 impl Fleet {
@@ -136,21 +139,28 @@ impl Fleet {
                     id: name.clone(),
                     owned_by: "sluice".to_string(),
                     backends: Vec::new(),
+                    context_length: None,
                 });
                 entry.backends.push(b.name().to_string());
+                let reported = b.serves(&name).and_then(|m| b.state.context_length(&m));
+                entry.context_length = match (entry.context_length, reported) {
+                    (Some(a), Some(r)) => Some(a.min(r)),
+                    (a, r) => a.or(r),
+                };
             }
         }
         // Aliases of served models are models too, as far as clients can tell.
-        let served: Vec<(String, Vec<String>)> = by_name
+        let served: Vec<(String, Vec<String>, Option<u64>)> = by_name
             .values()
-            .map(|e| (e.id.clone(), e.backends.clone()))
+            .map(|e| (e.id.clone(), e.backends.clone(), e.context_length))
             .collect();
         for (alias, canonical) in &self.aliases {
-            if let Some((_, backends)) = served.iter().find(|(id, _)| id == canonical) {
+            if let Some((_, backends, context)) = served.iter().find(|(id, ..)| id == canonical) {
                 by_name.entry(alias.clone()).or_insert_with(|| ModelEntry {
                     id: alias.clone(),
                     owned_by: "sluice".to_string(),
                     backends: backends.clone(),
+                    context_length: *context,
                 });
             }
         }

@@ -266,7 +266,7 @@ pub fn parse(prompt_field: PromptField, body: &[u8]) -> Result<RequestFields, Ap
 }
 
 /// The deepest nesting of `[`/`{` outside strings (stops counting once past the limit).
-fn nesting_depth(body: &[u8]) -> usize {
+pub fn nesting_depth(body: &[u8]) -> usize {
     let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
     for &b in body {
         if in_string {

@@ -44,7 +44,7 @@ use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
-use crate::api::{ClientApi, Edits, Pin};
+use crate::api::{BodyForm, ClientApi, Edits, Pin};
 use crate::auth::Identity;
 use crate::config::{BackendKind, Config, PolicyKind};
 use crate::fleet::speed::ModelShapes;
@@ -169,9 +169,15 @@ async fn prepare(
     let config = &rt.config;
     let identity = rt.keys.authenticate(req.headers())?;
     record.tenant = identity.tenant.clone();
-    check_content_type(req.headers())?;
+    let boundary = match api.body_form() {
+        BodyForm::Json => check_content_type(req.headers()).map(|()| None)?,
+        BodyForm::Multipart => Some(form_boundary(req.headers())?),
+    };
     let (client_headers, body) = read_body(req, config.server.max_body_bytes).await?;
-    let fields = api.parse(&body)?;
+    let fields = match &boundary {
+        Some(b) => api.parse_form(b, &body)?,
+        None => api.parse(&body)?,
+    };
     record.stream = fields.stream;
     let pin = api.pin(&body, &identity.tenant)?;
     let resolved = resolve(rt, api, &identity, &fields, pin.as_ref())?;
@@ -323,6 +329,24 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// The boundary of a `multipart/form-data` request (415 for any other content type).
+fn form_boundary(headers: &HeaderMap) -> Result<String, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    crate::api::multipart::boundary(ct)
+        .map(str::to_string)
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                format!("Expected a multipart/form-data body: {e}."),
+            )
+            .with_code("unsupported_media_type")
+        })
+}
+
 /// How an attempt ended: what [`classify`] decided.
 enum Verdict {
     /// Try another backend; the client gets this failure if none is left.
@@ -358,11 +382,17 @@ async fn attempt(
     record.attempts = attempt_no + 1;
     record.backend = Some(backend.name().to_string());
     let (upstream_body, strip_usage) = rewrite(p, backend_model);
-    let headers = headers::upstream_headers(
+    let mut headers = headers::upstream_headers(
         &p.client_headers,
         &record.request_id,
         backend.config.api_key.as_deref(),
     );
+    if p.api.body_form() == BodyForm::Multipart {
+        // The boundary is in the content type: the body is only readable with it.
+        if let Some(ct) = p.client_headers.get(header::CONTENT_TYPE) {
+            headers.insert(header::CONTENT_TYPE, ct.clone());
+        }
+    }
     let timeouts = backend.config.timeouts;
     let head_timeout = if p.streaming {
         timeouts.first_byte

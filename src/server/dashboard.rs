@@ -96,6 +96,9 @@ struct Scraped {
     ttft_by_backend: BTreeMap<String, BTreeMap<u64, (f64, f64)>>,
     requests_total: f64,
     requests_by_status: BTreeMap<String, f64>,
+    /// Per client API (`endpoint` label): requests, errors (4xx and 5xx), prompt and
+    /// completion tokens.
+    by_endpoint: BTreeMap<String, [f64; 4]>,
 }
 
 fn scrape(text: &str) -> Scraped {
@@ -122,8 +125,21 @@ fn scrape(text: &str) -> Scraped {
             slot.1 += value;
         } else if name == m::REQUESTS_TOTAL {
             out.requests_total += value;
-            if let Some(s) = label("status") {
+            let status = label("status");
+            if let Some(e) = label("endpoint") {
+                let row = out.by_endpoint.entry(e).or_default();
+                row[0] += value;
+                if status.as_deref().is_some_and(|s| s != "2xx") {
+                    row[1] += value;
+                }
+            }
+            if let Some(s) = status {
                 *out.requests_by_status.entry(s).or_default() += value;
+            }
+        } else if name == m::PROMPT_TOKENS_TOTAL || name == m::COMPLETION_TOKENS_TOTAL {
+            if let Some(e) = label("endpoint") {
+                let col = if name == m::PROMPT_TOKENS_TOTAL { 2 } else { 3 };
+                out.by_endpoint.entry(e).or_default()[col] += value;
             }
         }
     }
@@ -268,6 +284,9 @@ pub fn summary(gw: &Gateway) -> Value {
         "queue_depth": gw.queue.len(),
         "requests_total": scraped.requests_total,
         "requests_by_status": scraped.requests_by_status,
+        "endpoints": scraped.by_endpoint.iter().map(|(e, [r, err, p, c])| json!({
+            "endpoint": e, "requests": r, "errors": err, "prompt_tokens": p, "completion_tokens": c,
+        })).collect::<Vec<_>>(),
         "ttft_p50_seconds": quantile(0.5, &all),
         "ttft_p99_seconds": quantile(0.99, &all),
         "ttft_buckets": all.iter().map(|(le, c)| json!([if le.is_finite() { json!(le) } else { json!("+Inf") }, c])).collect::<Vec<_>>(),
@@ -303,6 +322,7 @@ mod tests {
         assert_eq!(a, vec![(0.1, 3.0), (f64::INFINITY, 4.0)]);
         assert_eq!(s.requests_total, 4.0);
         assert_eq!(s.requests_by_status["2xx"], 4.0);
+        assert_eq!(s.by_endpoint["chat"], [4.0, 0.0, 0.0, 0.0]);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The HTTP surface: the OpenAI-compatible client API and the operations endpoints.
 //!
 //! Client API: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
-//! `/v1/responses`, `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`,
+//! `/v1/responses`, `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, the
+//! engines' paths (`/tokenize`, `/detokenize`, `/v1/chat/completions/batch`, `/v1/rerank`,
+//! `/rerank`, `/v1/score`, `/v1/audio/transcriptions`, `/v1/audio/translations`; see `api`),
 //! `GET /v1/models`, `GET /v1/models/{id}`. Operations: `GET /healthz`, `/readyz`, `/metrics`,
 //! `/admin/backends`, `/admin/usage`, `/admin/summary`, `/dashboard`. When an admin listener is configured the operations other than
 //! `/healthz` and `/readyz` are served only there. Unknown paths get an OpenAI-shaped 404, a
@@ -58,6 +60,29 @@ pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
         .route(
             "/v1/responses/{id}/cancel",
             stored(client_api::RESPONSES, Call::Cancel),
+        )
+        .route(client_api::TOKENIZE.path(), inference(client_api::TOKENIZE))
+        .route(
+            client_api::DETOKENIZE.path(),
+            inference(client_api::DETOKENIZE),
+        )
+        .route(
+            client_api::CHAT_BATCH.path(),
+            inference(client_api::CHAT_BATCH),
+        )
+        .route(
+            client_api::RERANK_V1.path(),
+            inference(client_api::RERANK_V1),
+        )
+        .route(client_api::RERANK.path(), inference(client_api::RERANK))
+        .route(client_api::SCORE.path(), inference(client_api::SCORE))
+        .route(
+            client_api::AUDIO_TRANSCRIPTIONS.path(),
+            inference(client_api::AUDIO_TRANSCRIPTIONS),
+        )
+        .route(
+            client_api::AUDIO_TRANSLATIONS.path(),
+            inference(client_api::AUDIO_TRANSLATIONS),
         )
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
@@ -241,7 +266,7 @@ async fn list_models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Resp
         .models()
         .into_iter()
         .filter(|m| identity.allows(&rt.fleet, &m.id))
-        .map(|m| json!({"id": m.id, "object": "model", "created": created, "owned_by": m.owned_by}))
+        .map(|m| model_json(&m, created))
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
 }
@@ -262,12 +287,19 @@ async fn get_model(
         .into_iter()
         .find(|m| m.id == id && identity.allows(&rt.fleet, &m.id));
     match found {
-        Some(m) => Json(
-            json!({"id": m.id, "object": "model", "created": unix_now(), "owned_by": m.owned_by}),
-        )
-        .into_response(),
+        Some(m) => Json(model_json(&m, unix_now())).into_response(),
         None => ApiError::model_not_found(&id).into_response(),
     }
+}
+
+/// One model of `/v1/models`: OpenAI's shape, plus vLLM's `max_model_len` when a backend
+/// reports the model's context length.
+fn model_json(m: &crate::fleet::snapshot::ModelEntry, created: u64) -> serde_json::Value {
+    let mut v = json!({"id": m.id, "object": "model", "created": created, "owned_by": m.owned_by});
+    if let Some(len) = m.context_length {
+        v["max_model_len"] = json!(len);
+    }
+    v
 }
 
 async fn healthz() -> &'static str {

@@ -152,12 +152,14 @@ fn request_handles(
             prompt_tokens: metrics::counter!(
                 m::PROMPT_TOKENS_TOTAL,
                 "model" => model.clone(),
-                "tenant" => tenant.clone()
+                "tenant" => tenant.clone(),
+                "endpoint" => endpoint
             ),
             completion_tokens: metrics::counter!(
                 m::COMPLETION_TOKENS_TOTAL,
                 "model" => model,
-                "tenant" => tenant
+                "tenant" => tenant,
+                "endpoint" => endpoint
             ),
         })
     })

@@ -1,7 +1,9 @@
 //! Metric names and the Prometheus recorder.
 //!
 //! Every metric Sluice exports is named here, with `sluice_` prefix and base units. Labels:
-//! `endpoint` (chat|completions|embeddings), `model` (the client's model name as configured —
+//! `endpoint` (the client API's label: chat|completions|embeddings|tokenize|detokenize|
+//! chat_batch|rerank|score|audio_transcriptions|audio_translations, and those of the other
+//! APIs in `api`; on requests, durations and the token counters), `model` (the client's model name as configured —
 //! unknown names are reported as `unknown`), `backend`, `tenant`, `status` (2xx|4xx|5xx), `state`.
 
 use std::sync::{LazyLock, OnceLock};

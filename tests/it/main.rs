@@ -10,6 +10,7 @@
 mod support;
 
 mod api_responses;
+mod api_surface;
 mod cli;
 mod deploy_manifests;
 mod failover_fleet;
