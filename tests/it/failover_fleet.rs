@@ -224,12 +224,7 @@ async fn hung_backend_costs_at_most_the_ttfb_timeout_then_nothing() {
     let detected = hung.elapsed();
     // After detection, a request is answered promptly, never by s1.
     let t = Instant::now();
-    let r = c
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 4))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&c, g.url("/v1/chat/completions"), &chat_body("m", false, 4)).await;
     assert!(r.status().is_success());
     assert_ne!(r.headers()["x-sluice-backend"], "s1");
     assert!(t.elapsed() < Duration::from_millis(700));

@@ -262,21 +262,9 @@ async fn summary_json_describes_the_fleet() {
     ))
     .await;
     let c = client();
-    let r = c
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", true, 8))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&c, g.url("/v1/chat/completions"), &chat_body("m", true, 8)).await;
     let _ = r.text().await.unwrap();
-    let s: serde_json::Value = c
-        .get(g.url("/admin/summary"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let s: serde_json::Value = get_json(&c, g.url("/admin/summary")).await;
     let b = &s["backends"][0];
     assert_eq!(b["name"], "a");
     assert_eq!(b["kind"], "vllm");

@@ -59,12 +59,7 @@ async fn file_change_adds_removes_drains_and_rejects_bad_files() {
     let chat_url = g.url("/v1/chat/completions");
 
     // A stream on `a`, first chunk received.
-    let mut stream = client()
-        .post(&chat_url)
-        .json(&chat_body("m", true, 40))
-        .send()
-        .await
-        .unwrap();
+    let mut stream = post_json(&client(), &chat_url, &chat_body("m", true, 40)).await;
     assert_eq!(stream.status(), 200);
     assert_eq!(stream.headers()["x-sluice-backend"], "a");
     let first = stream.chunk().await.unwrap().unwrap();

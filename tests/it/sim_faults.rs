@@ -12,12 +12,12 @@ fn chat_body(max_tokens: u32, stream: bool) -> Value {
 }
 
 async fn chat(c: &reqwest::Client, url: &str, max_tokens: u32) -> (u16, String) {
-    let r = c
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&chat_body(max_tokens, false))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        c,
+        format!("{url}/v1/chat/completions"),
+        &chat_body(max_tokens, false),
+    )
+    .await;
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
@@ -53,14 +53,7 @@ async fn control_endpoint_validates_and_reports_state() {
     assert_eq!(s["counters"]["by_status"]["200"], 1);
     assert!(s["counters"]["tokens_out"].as_u64().unwrap() >= 2);
     assert!(s["counters"]["tokens_in"].as_u64().unwrap() > 0);
-    let f: Value = c
-        .get(format!("{url}/sim/fault"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let f: Value = get_json(&c, format!("{url}/sim/fault")).await;
     assert_eq!(f["mode"], "slow");
     let r = set_fault(&c, &url, json!({"mode":"healthy"})).await;
     assert_eq!(r.json::<Value>().await.unwrap()["mode"], "healthy");
@@ -157,12 +150,12 @@ async fn error_rate_per_engine() {
     let c = client();
     let tgi = start(SimKind::Tgi, &["m"], |c| c.speed(0.0)).await;
     set_fault(&c, &tgi.url(), json!({"mode":"error_rate"})).await;
-    let r = c
-        .post(format!("{}/generate", tgi.url()))
-        .json(&json!({"inputs":"x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/generate", tgi.url()),
+        &json!({"inputs":"x"}),
+    )
+    .await;
     assert_eq!(r.status(), 500);
     assert_eq!(
         r.json::<Value>().await.unwrap()["error_type"],
@@ -170,12 +163,12 @@ async fn error_rate_per_engine() {
     );
     let ol = start(SimKind::Ollama, &["m"], |c| c.speed(0.0)).await;
     set_fault(&c, &ol.url(), json!({"mode":"error_rate"})).await;
-    let r = c
-        .post(format!("{}/api/chat", ol.url()))
-        .json(&json!({"model":"m","messages":[{"role":"user","content":"x"}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/api/chat", ol.url()),
+        &json!({"model":"m","messages":[{"role":"user","content":"x"}]}),
+    )
+    .await;
     assert_eq!(r.status(), 500);
     assert!(r.json::<Value>().await.unwrap()["error"].is_string());
 }
@@ -186,12 +179,12 @@ async fn drop_midstream_cuts_the_connection_after_n_chunks() {
     let c = client();
     let url = sim.url();
     set_fault(&c, &url, json!({"mode":"drop_midstream","after_chunks":2})).await;
-    let mut r = c
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&chat_body(10, true))
-        .send()
-        .await
-        .unwrap();
+    let mut r = post_json(
+        &c,
+        format!("{url}/v1/chat/completions"),
+        &chat_body(10, true),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let mut got = Vec::new();
     let err = loop {
@@ -235,12 +228,12 @@ async fn overloaded_gives_each_engines_own_answer() {
     );
     let o = start(SimKind::Ollama, &["m"], |c| c.speed(0.0)).await;
     set_fault(&c, &o.url(), json!({"mode":"overloaded"})).await;
-    let r = c
-        .post(format!("{}/api/generate", o.url()))
-        .json(&json!({"model":"m","prompt":"x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/api/generate", o.url()),
+        &json!({"model":"m","prompt":"x"}),
+    )
+    .await;
     assert_eq!(r.status(), 503);
     assert_eq!(
         r.text().await.unwrap(),
@@ -298,34 +291,17 @@ async fn loading_fails_then_recovers_by_itself() {
 async fn loading_on_ollama_unloads_and_the_next_request_pays_the_load() {
     let c = client();
     let o = start(SimKind::Ollama, &["m"], |c| c.speed(0.0).preloaded(true)).await;
-    let ps: Value = c
-        .get(format!("{}/api/ps", o.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ps: Value = get_json(&c, format!("{}/api/ps", o.url())).await;
     assert_eq!(ps["models"].as_array().unwrap().len(), 1);
     set_fault(&c, &o.url(), json!({"mode":"loading","seconds":0.4})).await;
-    let ps: Value = c
-        .get(format!("{}/api/ps", o.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ps: Value = get_json(&c, format!("{}/api/ps", o.url())).await;
     assert_eq!(ps["models"], json!([]));
-    let v: Value = c
-        .post(format!("{}/api/chat", o.url()))
-        .json(&json!({"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &c,
+        format!("{}/api/chat", o.url()),
+        &json!({"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}),
+    )
+    .await;
     assert!(v["load_duration"].as_u64().unwrap() >= 200_000_000, "{v}");
 }
 

@@ -697,12 +697,7 @@ async fn faults_apply_to_the_new_paths() {
         ("/v1/responses", resp, "response.completed"),
         ("/v1/messages", msg, "message_stop"),
     ] {
-        let r = c
-            .post(format!("{url}{path}"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(&c, format!("{url}{path}"), &body).await;
         assert_eq!(r.status(), 200);
         let mut r = r;
         let mut got = Vec::new();

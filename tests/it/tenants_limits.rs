@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use sluice::sim::{Fault, FaultMode, SimConfig, SimKind};
-use support::{backend, chat_body, client, sse_data, TestGateway};
+use support::{backend, chat_body, client, get_json, get_text, sse_data, TestGateway};
 
 fn key_block(name: &str, tenant: &str, extra: &str) -> (String, String) {
     let (key, hash) = sluice::auth::mint();
@@ -235,38 +235,17 @@ async fn streaming_usage_stripped_or_kept_and_always_counted() {
     support::eventually(Duration::from_secs(3), "usage counted", move || {
         let c = c2.clone();
         async move {
-            let v: serde_json::Value = c
-                .get(gw_ref.admin_url("/admin/usage"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v: serde_json::Value = get_json(&c, gw_ref.admin_url("/admin/usage")).await;
             let t = &v["tenants"]["streamers"];
             t["requests"] == 2 && t["total_tokens"].as_u64().unwrap_or(0) > asked_total
         }
     })
     .await;
-    let v: serde_json::Value = c
-        .get(gw.admin_url("/admin/usage"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: serde_json::Value = get_json(&c, gw.admin_url("/admin/usage")).await;
     assert_eq!(v["rows"][0]["backend"], "gpu");
     assert_eq!(v["rows"][0]["key"], "s");
     assert_eq!(v["rows"][0]["model"], "m");
-    let metrics = c
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
     // This gateway's own series (backend `gpu` is this test's alone): the recorder is
     // process-wide.
     assert!(
