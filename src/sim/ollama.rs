@@ -29,7 +29,7 @@ use super::openai_surface::{
     Message, RespondOpts, Surface,
 };
 use super::server::{json, read_body, stream_response, Sim, SimBody};
-use super::text::{self, Finish, Plan};
+use super::text::{self, Finish};
 
 const JSON: &str = "application/json; charset=utf-8";
 const NDJSON: &str = "application/x-ndjson";
@@ -420,17 +420,8 @@ async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         Some(n) if n > 0 => Some(n as u32),
         _ => None,
     };
-    let t = &sim.config.timing;
     let seed = opts.seed.map(|s| s as u64).unwrap_or(sim.config.seed);
-    let plan = Plan::new(
-        seed,
-        &sim.models[idx].name,
-        &prompt,
-        max,
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(seed, &sim.models[idx].name, &prompt, max);
     let load = ensure_loaded(sim, idx).await;
     let load_ns = load.as_nanos() as u64;
     let Ok(mut gen) = Gen::start(sim, idx, plan, Some(sim.config.max_queue)) else {
@@ -679,18 +670,9 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
     if let Some((status, msg)) = inference_fault(sim) {
         return v1_err(status, msg);
     }
-    let t = &sim.config.timing;
     let max = max_tokens.filter(|m| *m > 0).map(|m| m as u32);
     let seed = seed.map(|s| s as u64).unwrap_or(sim.config.seed);
-    let plan = Plan::new(
-        seed,
-        &sim.models[idx].name,
-        &prompt,
-        max,
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(seed, &sim.models[idx].name, &prompt, max);
     ensure_loaded(sim, idx).await;
     let ctx = Ctx::new(Surface::Ollama, chat, &name);
     let opts = RespondOpts {

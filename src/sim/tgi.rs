@@ -321,17 +321,8 @@ async fn generate(sim: &Arc<Sim>, req: Request<Incoming>, kind: Native) -> Respo
         Gate::Overloaded => return overloaded_response(sim),
         Gate::Failed(resp) => return resp,
     };
-    let t = &sim.config.timing;
     let seed = params.seed.unwrap_or(sim.config.seed);
-    let plan = Plan::new(
-        seed,
-        &sim.config.models[0],
-        &r.inputs,
-        Some(cap),
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(seed, &sim.config.models[0], &r.inputs, Some(cap));
     let Ok(mut gen) = Gen::start(sim, 0, plan, None) else {
         return overloaded_response(sim);
     };
@@ -508,17 +499,8 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         Gate::Overloaded => return overloaded_response(sim),
         Gate::Failed(resp) => return resp,
     };
-    let t = &sim.config.timing;
     let seed = seed.map(|s| s as u64).unwrap_or(sim.config.seed);
-    let plan = Plan::new(
-        seed,
-        &sim.config.models[0],
-        &prompt,
-        Some(cap),
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(seed, &sim.config.models[0], &prompt, Some(cap));
     let ctx = Ctx::new(Surface::Tgi, chat, &echo);
     let opts = RespondOpts {
         chat,

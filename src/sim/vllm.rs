@@ -24,7 +24,7 @@ use super::openai_surface::{
     RespondOpts, Surface,
 };
 use super::server::{empty, json, read_body, Sim, SimBody};
-use super::text::{self, Plan};
+use super::text;
 
 pub(super) const JSON: &str = "application/json";
 pub(super) const SSE: &str = "text/event-stream; charset=utf-8";
@@ -388,12 +388,7 @@ pub(super) fn seed(sim: &Sim, s: Option<i64>) -> u64 {
 
 async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
+        return too_large();
     };
     let r: ChatRequest = match parse(&body) {
         Ok(r) => r,
@@ -415,24 +410,29 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         Ok(c) => c,
         Err(resp) => return resp,
     };
+    answer(sim, true, seed(sim, r.seed), &prompt, cap, stream, usage).await
+}
+
+/// A chat (`chat`) or completions request, checked: the injected fault if one is due, else the
+/// first model's answer, whole or streamed.
+async fn answer(
+    sim: &Arc<Sim>,
+    chat: bool,
+    seed: u64,
+    prompt: &str,
+    cap: u32,
+    stream: bool,
+    usage: bool,
+) -> Response<SimBody> {
     if let Some(resp) = inference_fault(sim) {
         return resp;
     }
     let model = &sim.config.models[0];
-    let t = &sim.config.timing;
-    let plan = Plan::new(
-        seed(sim, r.seed),
-        model,
-        &prompt,
-        Some(cap),
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(seed, model, prompt, Some(cap));
     let ctx =
-        Ctx::new(Surface::Vllm, true, model).with_prompt_details(sim.config.prompt_tokens_details);
+        Ctx::new(Surface::Vllm, chat, model).with_prompt_details(sim.config.prompt_tokens_details);
     let opts = RespondOpts {
-        chat: true,
+        chat,
         stream,
         include_usage: usage,
         model_idx: 0,
@@ -446,6 +446,16 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         .unwrap_or_else(|_| inference_fault_busy())
 }
 
+/// The answer to a body over the size limit.
+pub(super) fn too_large() -> Response<SimBody> {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "Request body too large",
+        "Bad Request",
+        None,
+    )
+}
+
 pub(super) fn inference_fault_busy() -> Response<SimBody> {
     error(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -457,12 +467,7 @@ pub(super) fn inference_fault_busy() -> Response<SimBody> {
 
 async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
+        return too_large();
     };
     let r: CompletionRequest = match parse(&body) {
         Ok(r) => r,
@@ -489,45 +494,12 @@ async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody
         Ok(c) => c,
         Err(resp) => return resp,
     };
-    if let Some(resp) = inference_fault(sim) {
-        return resp;
-    }
-    let model = &sim.config.models[0];
-    let t = &sim.config.timing;
-    let plan = Plan::new(
-        seed(sim, r.seed),
-        model,
-        &prompt,
-        Some(cap),
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
-    let ctx =
-        Ctx::new(Surface::Vllm, false, model).with_prompt_details(sim.config.prompt_tokens_details);
-    let opts = RespondOpts {
-        chat: false,
-        stream,
-        include_usage: usage,
-        model_idx: 0,
-        queue_limit: None,
-        json_ct: JSON,
-        sse_ct: SSE,
-        guard: None,
-    };
-    respond(sim, ctx, plan, opts)
-        .await
-        .unwrap_or_else(|_| inference_fault_busy())
+    answer(sim, false, seed(sim, r.seed), &prompt, cap, stream, usage).await
 }
 
 async fn embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
+        return too_large();
     };
     let r: EmbeddingRequest = match parse(&body) {
         Ok(r) => r,
@@ -583,12 +555,7 @@ struct BatchRequest {
 /// the same batch), answered as one choice each, with the usage summed.
 async fn chat_batch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
+        return too_large();
     };
     let r: BatchRequest = match parse(&body) {
         Ok(r) => r,
@@ -622,18 +589,9 @@ async fn chat_batch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody>
         return resp;
     }
     let model = &sim.config.models[0];
-    let t = &sim.config.timing;
     let mut gens = Vec::with_capacity(prompts.len());
     for prompt in &prompts {
-        let plan = Plan::new(
-            seed(sim, r.seed),
-            model,
-            prompt,
-            Some(cap),
-            t.min_output_tokens,
-            t.max_output_tokens,
-            sim.needs_prompt_ids(),
-        );
+        let plan = sim.plan(seed(sim, r.seed), model, prompt, Some(cap));
         match super::gen::Gen::start(sim, 0, plan, None) {
             Ok(g) => gens.push(g),
             Err(_) => return inference_fault_busy(),
@@ -672,12 +630,7 @@ struct TokenizeRequest {
 
 async fn tokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
+        return too_large();
     };
     let r: TokenizeRequest = match parse(&body) {
         Ok(r) => r,
@@ -730,12 +683,7 @@ struct DetokenizeRequest {
 
 async fn detokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
+        return too_large();
     };
     let r: DetokenizeRequest = match parse(&body) {
         Ok(r) => r,
