@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -74,6 +75,34 @@ pub(crate) async fn route(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<Si
 fn err(status: StatusCode, msg: &str) -> Response<SimBody> {
     json(status, JSON, format!("{{\"error\":{}}}", js(msg)))
 }
+
+/// The request in `body`, or a 400 with the message Ollama's Go decoder gives, in the shape
+/// `fail` gives errors (the native API's or the OpenAI-compatible one's).
+fn parse<T: DeserializeOwned>(body: &[u8], fail: ErrorShape) -> Result<T, Response<SimBody>> {
+    serde_json::from_slice(body)
+        .map_err(|e| fail(StatusCode::BAD_REQUEST, &go_json_error(body, &e)))
+}
+
+/// The requested model's name and index: 400 when none is named, 404 when it is unknown.
+fn named_model(
+    sim: &Sim,
+    name: Option<String>,
+    fail: ErrorShape,
+) -> Result<(String, usize), Response<SimBody>> {
+    let Some(name) = name.filter(|m| !m.is_empty()) else {
+        return Err(fail(StatusCode::BAD_REQUEST, "model is required"));
+    };
+    match model_index(sim, &name) {
+        Some(idx) => Ok((name, idx)),
+        None => Err(fail(
+            StatusCode::NOT_FOUND,
+            &format!("model '{name}' not found"),
+        )),
+    }
+}
+
+/// How an error is shaped: [`err`] for the native API, [`v1_err`] for the OpenAI-compatible one.
+type ErrorShape = fn(StatusCode, &str) -> Response<SimBody>;
 
 fn v1_err(status: StatusCode, msg: &str) -> Response<SimBody> {
     let ty = match status.as_u16() {
@@ -362,15 +391,13 @@ async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return err(StatusCode::BAD_REQUEST, "missing request body");
     }
-    let r: NativeRequest = match serde_json::from_slice(&body) {
+    let r: NativeRequest = match parse(&body, err) {
         Ok(r) => r,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+        Err(resp) => return resp,
     };
-    let Some(name) = r.model.clone().filter(|m| !m.is_empty()) else {
-        return err(StatusCode::BAD_REQUEST, "model is required");
-    };
-    let Some(idx) = model_index(sim, &name) else {
-        return err(StatusCode::NOT_FOUND, &format!("model '{name}' not found"));
+    let (name, idx) = match named_model(sim, r.model.clone(), err) {
+        Ok(x) => x,
+        Err(resp) => return resp,
     };
     let ka = keep_alive(sim, r.keep_alive.as_ref());
     let name_json = js(&name);
@@ -503,15 +530,13 @@ async fn embed(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let Ok(body) = read_body(req).await else {
         return err(StatusCode::BAD_REQUEST, "http: request body too large");
     };
-    let r: EmbedRequest = match serde_json::from_slice(&body) {
+    let r: EmbedRequest = match parse(&body, err) {
         Ok(r) => r,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+        Err(resp) => return resp,
     };
-    let Some(name) = r.model.clone().filter(|m| !m.is_empty()) else {
-        return err(StatusCode::BAD_REQUEST, "model is required");
-    };
-    let Some(idx) = model_index(sim, &name) else {
-        return err(StatusCode::NOT_FOUND, &format!("model '{name}' not found"));
+    let (name, idx) = match named_model(sim, r.model.clone(), err) {
+        Ok(x) => x,
+        Err(resp) => return resp,
     };
     if let Some((status, msg)) = inference_fault(sim) {
         return err(status, msg);
@@ -556,15 +581,13 @@ async fn show(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let Ok(body) = read_body(req).await else {
         return err(StatusCode::BAD_REQUEST, "http: request body too large");
     };
-    let r: ShowRequest = match serde_json::from_slice(&body) {
+    let r: ShowRequest = match parse(&body, err) {
         Ok(r) => r,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+        Err(resp) => return resp,
     };
-    let Some(name) = r.model.or(r.name).filter(|m| !m.is_empty()) else {
-        return err(StatusCode::BAD_REQUEST, "model is required");
-    };
-    let Some(idx) = model_index(sim, &name) else {
-        return err(StatusCode::NOT_FOUND, &format!("model '{name}' not found"));
+    let (_, idx) = match named_model(sim, r.model.or(r.name), err) {
+        Ok(x) => x,
+        Err(resp) => return resp,
     };
     let n = &sim.models[idx].name;
     let modified =
@@ -625,9 +648,9 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         return v1_err(StatusCode::BAD_REQUEST, "http: request body too large");
     };
     let (model, prompt, max_tokens, stream, usage, seed) = if chat {
-        let r: ChatRequest = match serde_json::from_slice(&body) {
+        let r: ChatRequest = match parse(&body, v1_err) {
             Ok(r) => r,
-            Err(e) => return v1_err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+            Err(resp) => return resp,
         };
         if r.messages.as_ref().map(|m| m.is_empty()).unwrap_or(true) {
             return v1_err(StatusCode::BAD_REQUEST, "[] is too short - 'messages'");
@@ -645,9 +668,9 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
             r.seed,
         )
     } else {
-        let r: CompletionRequest = match serde_json::from_slice(&body) {
+        let r: CompletionRequest = match parse(&body, v1_err) {
             Ok(r) => r,
-            Err(e) => return v1_err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+            Err(resp) => return resp,
         };
         (
             r.model.clone(),
@@ -661,11 +684,9 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
             r.seed,
         )
     };
-    let Some(name) = model.filter(|m| !m.is_empty()) else {
-        return v1_err(StatusCode::BAD_REQUEST, "model is required");
-    };
-    let Some(idx) = model_index(sim, &name) else {
-        return v1_err(StatusCode::NOT_FOUND, &format!("model '{name}' not found"));
+    let (name, idx) = match named_model(sim, model, v1_err) {
+        Ok(x) => x,
+        Err(resp) => return resp,
     };
     if let Some((status, msg)) = inference_fault(sim) {
         return v1_err(status, msg);
@@ -697,15 +718,13 @@ async fn openai_embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<S
     let Ok(body) = read_body(req).await else {
         return v1_err(StatusCode::BAD_REQUEST, "http: request body too large");
     };
-    let r: EmbeddingRequest = match serde_json::from_slice(&body) {
+    let r: EmbeddingRequest = match parse(&body, v1_err) {
         Ok(r) => r,
-        Err(e) => return v1_err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+        Err(resp) => return resp,
     };
-    let Some(name) = r.model.clone().filter(|m| !m.is_empty()) else {
-        return v1_err(StatusCode::BAD_REQUEST, "model is required");
-    };
-    let Some(idx) = model_index(sim, &name) else {
-        return v1_err(StatusCode::NOT_FOUND, &format!("model '{name}' not found"));
+    let (name, idx) = match named_model(sim, r.model.clone(), v1_err) {
+        Ok(x) => x,
+        Err(resp) => return resp,
     };
     let Some(input) = &r.input else {
         return v1_err(StatusCode::BAD_REQUEST, "invalid input");
