@@ -27,10 +27,10 @@ use super::fault::FaultMode;
 use super::gen::Gen;
 use super::openai_surface::{
     embeddings_body, js, respond, ChatRequest, CompletionRequest, Ctx, EmbeddingRequest, Input,
-    Message, RespondOpts, Surface,
+    Message, RespondOpts, StreamOptions, Surface,
 };
 use super::server::{json, read_body, stream_response, Sim, SimBody};
-use super::text::{self, Finish};
+use super::text::{self, Finish, Plan};
 
 const JSON: &str = "application/json; charset=utf-8";
 const NDJSON: &str = "application/x-ndjson";
@@ -81,6 +81,20 @@ fn err(status: StatusCode, msg: &str) -> Response<SimBody> {
 fn parse<T: DeserializeOwned>(body: &[u8], fail: ErrorShape) -> Result<T, Response<SimBody>> {
     serde_json::from_slice(body)
         .map_err(|e| fail(StatusCode::BAD_REQUEST, &go_json_error(body, &e)))
+}
+
+/// The request's body read and parsed: 400 when it is too large or not the request.
+async fn read_json<T: DeserializeOwned>(
+    req: Request<Incoming>,
+    fail: ErrorShape,
+) -> Result<T, Response<SimBody>> {
+    let Ok(body) = read_body(req).await else {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            "http: request body too large",
+        ));
+    };
+    parse(&body, fail)
 }
 
 /// The requested model's name and index: 400 when none is named, 404 when it is unknown.
@@ -384,6 +398,17 @@ fn metrics_json(load_ns: u64, gen: &Gen) -> String {
     s
 }
 
+/// `/api/generate`'s `context`: the prompt's token ids, then the answer's.
+fn context(p: &Plan) -> String {
+    let ids: Vec<String> = p
+        .prompt_ids
+        .iter()
+        .map(|i| i.to_string())
+        .chain((0..p.words.len()).map(|i| p.token_id(i).to_string()))
+        .collect();
+    ids.join(",")
+}
+
 async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<SimBody> {
     let Ok(body) = read_body(req).await else {
         return err(StatusCode::BAD_REQUEST, "http: request body too large");
@@ -469,13 +494,7 @@ async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         let body = if chat {
             format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\"}},\"done_reason\":\"{}\",\"done\":true{m}}}", done_reason(p.finish))
         } else {
-            let ctx: Vec<String> = p
-                .prompt_ids
-                .iter()
-                .map(|i| i.to_string())
-                .chain((0..p.words.len()).map(|i| p.token_id(i).to_string()))
-                .collect();
-            format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"response\":\"{text}\",\"done\":true,\"done_reason\":\"{}\",\"context\":[{}]{m}}}", done_reason(p.finish), ctx.join(","))
+            format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"response\":\"{text}\",\"done\":true,\"done_reason\":\"{}\",\"context\":[{}]{m}}}", done_reason(p.finish), context(p))
         };
         return json(StatusCode::OK, JSON, body);
     }
@@ -502,13 +521,7 @@ async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         let line = if chat {
             format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"message\":{{\"role\":\"assistant\",\"content\":\"\"}},\"done_reason\":\"{}\",\"done\":true{m}}}\n", done_reason(p.finish))
         } else {
-            let ctx: Vec<String> = p
-                .prompt_ids
-                .iter()
-                .map(|i| i.to_string())
-                .chain((0..p.words.len()).map(|i| p.token_id(i).to_string()))
-                .collect();
-            format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"response\":\"\",\"done\":true,\"done_reason\":\"{}\",\"context\":[{}]{m}}}\n", done_reason(p.finish), ctx.join(","))
+            format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"response\":\"\",\"done\":true,\"done_reason\":\"{}\",\"context\":[{}]{m}}}\n", done_reason(p.finish), context(p))
         };
         let _ = sink.send(line).await;
     })
@@ -527,10 +540,7 @@ struct EmbedRequest {
 }
 
 async fn embed(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return err(StatusCode::BAD_REQUEST, "http: request body too large");
-    };
-    let r: EmbedRequest = match parse(&body, err) {
+    let r: EmbedRequest = match read_json(req, err).await {
         Ok(r) => r,
         Err(resp) => return resp,
     };
@@ -544,17 +554,11 @@ async fn embed(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let start = Instant::now();
     let load = ensure_loaded(sim, idx).await;
     let texts = r.input.as_ref().map(|i| i.texts()).unwrap_or_default();
-    let dim = r
-        .dimensions
-        .unwrap_or(sim.config.embedding_dim)
-        .clamp(1, 65_536);
-    let vecs: Vec<String> = texts
+    let (vectors, tokens) = sim.embed(&texts, r.dimensions);
+    let vecs: Vec<String> = vectors
         .iter()
-        .map(|t| {
-            serde_json::to_string(&text::embedding(sim.config.seed, t, dim)).unwrap_or_default()
-        })
+        .map(|v| serde_json::to_string(v).unwrap_or_default())
         .collect();
-    let tokens: usize = texts.iter().map(|t| text::count_tokens(t)).sum();
     touch(sim, idx, keep_alive(sim, r.keep_alive.as_ref())).await;
     let total = start.elapsed().as_nanos().max(1) as u64;
     json(
@@ -578,10 +582,7 @@ struct ShowRequest {
 }
 
 async fn show(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return err(StatusCode::BAD_REQUEST, "http: request body too large");
-    };
-    let r: ShowRequest = match parse(&body, err) {
+    let r: ShowRequest = match read_json(req, err).await {
         Ok(r) => r,
         Err(resp) => return resp,
     };
@@ -647,7 +648,7 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
     let Ok(body) = read_body(req).await else {
         return v1_err(StatusCode::BAD_REQUEST, "http: request body too large");
     };
-    let (model, prompt, max_tokens, stream, usage, seed) = if chat {
+    let (model, prompt, max_tokens, (stream, usage), seed) = if chat {
         let r: ChatRequest = match parse(&body, v1_err) {
             Ok(r) => r,
             Err(resp) => return resp,
@@ -660,11 +661,7 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
             r.model.clone(),
             r.prompt(),
             r.max_tokens,
-            r.stream.unwrap_or(false),
-            r.stream_options
-                .as_ref()
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+            StreamOptions::flags(r.stream, &r.stream_options),
             r.seed,
         )
     } else {
@@ -676,11 +673,7 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
             r.model.clone(),
             r.prompt.as_ref().map(|p| p.text()).unwrap_or_default(),
             r.max_tokens,
-            r.stream.unwrap_or(false),
-            r.stream_options
-                .as_ref()
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+            StreamOptions::flags(r.stream, &r.stream_options),
             r.seed,
         )
     };
@@ -715,10 +708,7 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
 }
 
 async fn openai_embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return v1_err(StatusCode::BAD_REQUEST, "http: request body too large");
-    };
-    let r: EmbeddingRequest = match parse(&body, v1_err) {
+    let r: EmbeddingRequest = match read_json(req, v1_err).await {
         Ok(r) => r,
         Err(resp) => return resp,
     };
@@ -734,15 +724,7 @@ async fn openai_embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<S
     }
     ensure_loaded(sim, idx).await;
     let texts = input.texts();
-    let dim = r
-        .dimensions
-        .unwrap_or(sim.config.embedding_dim)
-        .clamp(1, 65_536);
-    let vecs: Vec<Vec<f32>> = texts
-        .iter()
-        .map(|t| text::embedding(sim.config.seed, t, dim))
-        .collect();
-    let tokens: usize = texts.iter().map(|t| text::count_tokens(t)).sum();
+    let (vecs, tokens) = sim.embed(&texts, r.dimensions);
     touch(sim, idx, Some(sim.config.keep_alive)).await;
     json(
         StatusCode::OK,

@@ -31,7 +31,7 @@ use super::config::{SimConfig, SimKind};
 use super::engine::Engine;
 use super::fault::{FaultMode, FaultRequest, FaultState};
 use super::metrics::{Counters, ModelStats};
-use super::text::Plan;
+use super::text::{self, Plan};
 use super::{ollama, tgi, vllm, SimError};
 
 /// Largest request body the simulator reads.
@@ -168,6 +168,24 @@ impl Sim {
             t.max_output_tokens,
             self.needs_prompt_ids(),
         )
+    }
+
+    /// The embedding of each text (`dimensions` long, else the configured size) and the tokens
+    /// they count together.
+    pub(crate) fn embed(
+        &self,
+        texts: &[String],
+        dimensions: Option<usize>,
+    ) -> (Vec<Vec<f32>>, usize) {
+        let dim = dimensions
+            .unwrap_or(self.config.embedding_dim)
+            .clamp(1, 65_536);
+        let vectors = texts
+            .iter()
+            .map(|t| text::embedding(self.config.seed, t, dim))
+            .collect();
+        let tokens = texts.iter().map(|t| text::count_tokens(t)).sum();
+        (vectors, tokens)
     }
 
     /// Time scale for simulator-side delays (load time); `None` at speed 0.

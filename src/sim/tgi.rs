@@ -23,7 +23,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::fault::FaultMode;
 use super::gen::Gen;
 use super::openai_surface::{
-    js, respond, ChatRequest, CompletionRequest, Ctx, RespondOpts, Surface, TGI_VERSION,
+    js, respond, ChatRequest, CompletionRequest, Ctx, RespondOpts, StreamOptions, Surface,
+    TGI_VERSION,
 };
 use super::server::{empty, json, read_body, stream_response, Sim, SimBody};
 use super::text::{self, Finish, Plan};
@@ -408,6 +409,18 @@ async fn generate(sim: &Arc<Sim>, req: Request<Incoming>, kind: Native) -> Respo
     resp
 }
 
+/// TGI's 422 for a request without a required field (axum's JSON extractor).
+fn missing_field(body: &[u8], field: &str) -> Response<SimBody> {
+    json(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        TEXT,
+        format!(
+            "Failed to deserialize the JSON body into the target type: missing field `{field}` at line 1 column {}",
+            body.len()
+        ),
+    )
+}
+
 async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<SimBody> {
     if !is_json(&req) {
         return unsupported_media();
@@ -415,30 +428,19 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
     let Ok(body) = read_body(req).await else {
         return json(StatusCode::PAYLOAD_TOO_LARGE, TEXT, "length limit exceeded");
     };
-    let (model, prompt, max_tokens, stream, usage, seed) = if chat {
+    let (model, prompt, max_tokens, (stream, usage), seed) = if chat {
         let r: ChatRequest = match parse(&body) {
             Ok(r) => r,
             Err(resp) => return resp,
         };
         if r.messages.is_none() {
-            return json(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                TEXT,
-                format!(
-                    "Failed to deserialize the JSON body into the target type: missing field `messages` at line 1 column {}",
-                    body.len()
-                ),
-            );
+            return missing_field(&body, "messages");
         }
         (
             r.model.clone(),
             r.prompt(),
             r.max_tokens.or(r.max_completion_tokens),
-            r.stream.unwrap_or(false),
-            r.stream_options
-                .as_ref()
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+            StreamOptions::flags(r.stream, &r.stream_options),
             r.seed,
         )
     } else {
@@ -447,24 +449,13 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
             Err(resp) => return resp,
         };
         let Some(p) = &r.prompt else {
-            return json(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                TEXT,
-                format!(
-                    "Failed to deserialize the JSON body into the target type: missing field `prompt` at line 1 column {}",
-                    body.len()
-                ),
-            );
+            return missing_field(&body, "prompt");
         };
         (
             r.model.clone(),
             p.text(),
             r.max_tokens.or(r.max_completion_tokens),
-            r.stream.unwrap_or(false),
-            r.stream_options
-                .as_ref()
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+            StreamOptions::flags(r.stream, &r.stream_options),
             r.seed,
         )
     };

@@ -515,15 +515,7 @@ async fn embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody>
         return resp;
     }
     let texts = input.texts();
-    let dim = r
-        .dimensions
-        .unwrap_or(sim.config.embedding_dim)
-        .clamp(1, 65_536);
-    let vectors: Vec<Vec<f32>> = texts
-        .iter()
-        .map(|t| text::embedding(sim.config.seed, t, dim))
-        .collect();
-    let tokens: usize = texts.iter().map(|t| text::count_tokens(t)).sum();
+    let (vectors, tokens) = sim.embed(&texts, r.dimensions);
     json(
         StatusCode::OK,
         JSON,
