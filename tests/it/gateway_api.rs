@@ -31,12 +31,7 @@ async fn non_stream_chat_through_every_kind_keeps_the_clients_model_name() {
     for kind in [SimKind::Vllm, SimKind::Tgi, SimKind::Ollama] {
         let (g, _s) = single(kind).await;
         for model in ["llama-3.1-8b", "llama3"] {
-            let resp = post_json(
-                &client(),
-                g.url("/v1/chat/completions"),
-                &chat_body(model, false, 5),
-            )
-            .await;
+            let resp = g.chat(&chat_body(model, false, 5)).await;
             assert_eq!(resp.status(), 200, "{kind:?}");
             assert!(resp.headers().get("x-request-id").is_some());
             let v: Value = resp.json().await.unwrap();
@@ -62,12 +57,7 @@ async fn non_stream_chat_through_every_kind_keeps_the_clients_model_name() {
 async fn streams_through_every_kind_chunk_by_chunk_with_done() {
     for kind in [SimKind::Vllm, SimKind::Tgi, SimKind::Ollama] {
         let (g, _s) = single(kind).await;
-        let resp = post_json(
-            &client(),
-            g.url("/v1/chat/completions"),
-            &chat_body("llama3", true, 6),
-        )
-        .await;
+        let resp = g.chat(&chat_body("llama3", true, 6)).await;
         assert_eq!(resp.status(), 200);
         assert!(resp.headers()["content-type"]
             .to_str()
@@ -117,11 +107,7 @@ async fn stream_usage_given_when_asked_and_counted_when_not() {
     let (g, _s) = single(SimKind::Vllm).await;
     let mut body = chat_body("llama3", true, 4);
     body["stream_options"] = json!({"include_usage": true});
-    let text = post_json(&client(), g.url("/v1/chat/completions"), &body)
-        .await
-        .text()
-        .await
-        .unwrap();
+    let text = g.chat(&body).await.text().await.unwrap();
     let data = sse_data(&text);
     let usage: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
     assert_eq!(usage["choices"], json!([]));
@@ -279,7 +265,7 @@ async fn ten_megabyte_prompt_passes_through() {
     let prompt = "lorem ipsum ".repeat(10 * 1024 * 1024 / 12);
     let body =
         json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": prompt}]});
-    let resp = post_json(&client(), g.url("/v1/chat/completions"), &body).await;
+    let resp = g.chat(&body).await;
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
     let v: Value = resp.json().await.unwrap();
     assert!(
@@ -299,12 +285,7 @@ async fn client_disconnect_mid_stream_cancels_upstream() {
         backend("b", "vllm", &s.url(), &["m"])
     ))
     .await;
-    let mut resp = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", true, 500),
-    )
-    .await;
+    let mut resp = g.chat(&chat_body("m", true, 500)).await;
     let first = resp.chunk().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
     let running = |s: &sluice::sim::SimHandle| s.state()["running"].as_u64().unwrap_or(0);

@@ -169,12 +169,7 @@ async fn no_backend_available_is_503_with_retry_after_fast() {
     ))
     .await;
     let started = Instant::now();
-    let resp = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", false, 2),
-    )
-    .await;
+    let resp = g.chat(&chat_body("m", false, 2)).await;
     assert!(resp.headers().get("retry-after").is_some());
     expect_error(resp, 503, None).await;
     assert!(
@@ -185,12 +180,7 @@ async fn no_backend_available_is_503_with_retry_after_fast() {
     // Once the probe knows, the answer is immediate and says no backend is available.
     g.wait_state("gone", "starting", Duration::from_secs(5))
         .await;
-    let resp = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", false, 2),
-    )
-    .await;
+    let resp = g.chat(&chat_body("m", false, 2)).await;
     assert_eq!(resp.headers()["retry-after"], "1");
     expect_error(resp, 503, Some("no_backend_available")).await;
     g.stop().await;
@@ -202,12 +192,7 @@ async fn backend_timeout_is_504() {
         vllm_gateway("[routing]\nmax_attempts = 1\n[timeouts]\nresponse = \"300ms\"\n").await;
     s.set_fault(Fault::mode(FaultMode::Hang)).unwrap();
     let started = Instant::now();
-    let resp = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", false, 2),
-    )
-    .await;
+    let resp = g.chat(&chat_body("m", false, 2)).await;
     expect_error(resp, 504, Some("backend_timeout")).await;
     assert!(started.elapsed() < Duration::from_secs(3));
     s.set_fault(Fault::healthy()).unwrap();
@@ -219,12 +204,7 @@ async fn backend_errors_pass_through_normalised() {
     // vLLM's own 400 (max_tokens beyond the context) keeps its status and message; the integer
     // code becomes a string so OpenAI SDKs parse it.
     let (g, _s) = vllm_gateway("").await;
-    let resp = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", false, 5_000_000),
-    )
-    .await;
+    let resp = g.chat(&chat_body("m", false, 5_000_000)).await;
     let v = expect_error(resp, 400, Some("400")).await;
     assert!(
         v["error"]["message"]
@@ -247,12 +227,7 @@ async fn backend_errors_pass_through_normalised() {
         backend("t", "openai", &b.url(), &["m"])
     ))
     .await;
-    let resp = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", false, 5),
-    )
-    .await;
+    let resp = g.chat(&chat_body("m", false, 5)).await;
     let v = expect_error(resp, 422, None).await;
     assert_eq!(v["error"]["type"], "validation");
     assert!(v["error"]["message"]
@@ -268,12 +243,7 @@ async fn backend_errors_pass_through_normalised() {
         backend("t", "openai", &b.url(), &["m"])
     ))
     .await;
-    let resp = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", false, 5),
-    )
-    .await;
+    let resp = g.chat(&chat_body("m", false, 5)).await;
     let v = expect_error(resp, 500, None).await;
     assert_eq!(v["error"]["message"], "boom");
     assert_eq!(b.inference_requests().len(), 1);
@@ -333,12 +303,7 @@ async fn headers_crossing_the_gateway() {
     assert_eq!(sent["model"], "backend-name", "per-backend model name");
 
     // Without a client id, one is generated and returned.
-    let resp = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", false, 5),
-    )
-    .await;
+    let resp = g.chat(&chat_body("m", false, 5)).await;
     let id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
     assert_eq!(id.len(), 32);
     assert_eq!(
@@ -367,12 +332,7 @@ async fn retryable_failures_go_to_the_next_backend_before_anything_was_sent() {
     ))
     .await;
     for _ in 0..6 {
-        let resp = post_json(
-            &client(),
-            g.url("/v1/chat/completions"),
-            &chat_body("m", false, 2),
-        )
-        .await;
+        let resp = g.chat(&chat_body("m", false, 2)).await;
         assert_eq!(resp.status(), 200);
     }
     // Retry-After: 30 means the busy backend is skipped after its first 503.

@@ -32,12 +32,7 @@ async fn a_panicking_handler_gets_a_500_and_the_gateway_keeps_serving() {
         assert_eq!(v["error"]["type"], "server_error");
         assert_eq!(v["error"]["code"], "internal_error");
     }
-    let resp = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", false, 2),
-    )
-    .await;
+    let resp = g.chat(&chat_body("m", false, 2)).await;
     assert_eq!(resp.status(), 200);
     let line = panics_line(&g).await;
     let n = panics(&line) - before;

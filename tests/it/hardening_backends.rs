@@ -43,12 +43,7 @@ fn failures(g: &TestGateway, name: &str) -> u64 {
 async fn healthy_meanwhile(g: &TestGateway) {
     for _ in 0..5 {
         let started = Instant::now();
-        let resp = post_json(
-            &client(),
-            g.url("/v1/chat/completions"),
-            &chat_body("ok", false, 3),
-        )
-        .await;
+        let resp = g.chat(&chat_body("ok", false, 3)).await;
         assert_eq!(resp.status(), 200);
         let _ = resp.bytes().await.unwrap();
         assert!(
@@ -73,7 +68,7 @@ fn passthrough_body() -> Value {
 }
 
 async fn request_with(g: &TestGateway, body: Value) -> (u16, String, String) {
-    let resp = post_json(&client(), g.url("/v1/chat/completions"), &body).await;
+    let resp = g.chat(&body).await;
     let status = resp.status().as_u16();
     let ct = resp
         .headers()
@@ -227,12 +222,7 @@ async fn garbage_backend_fails_over_and_is_ejected() {
     ))
     .await;
     for _ in 0..6 {
-        let resp = post_json(
-            &client(),
-            g.url("/v1/chat/completions"),
-            &chat_body("m", false, 3),
-        )
-        .await;
+        let resp = g.chat(&chat_body("m", false, 3)).await;
         assert_eq!(resp.status(), 200, "failover to the good backend");
     }
     g.wait_state("bad", "ejected", Duration::from_secs(5)).await;

@@ -34,12 +34,7 @@ async fn stream_cut_midway_ends_with_an_openai_error_event_then_done() {
         None,
     ))
     .unwrap();
-    let r = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", true, 20),
-    )
-    .await;
+    let r = g.chat(&chat_body("m", true, 20)).await;
     assert_eq!(r.status(), 200);
     let body = r.bytes().await.unwrap();
     let text = std::str::from_utf8(&body).unwrap();
@@ -399,12 +394,7 @@ async fn dns_discovery_adds_each_address_and_reload_removes_them() {
             .map(|b| b.name().to_string())
             .collect();
     assert!(names.iter().all(|n| n.starts_with("pool@")), "{names:?}");
-    let r = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", false, 4),
-    )
-    .await;
+    let r = g.chat(&chat_body("m", false, 4)).await;
     assert_eq!(r.status(), 200);
     // survives a reload of the same config
     g.gw.reload(sluice::config::from_str(&text, "t").unwrap());

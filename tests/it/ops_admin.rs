@@ -110,12 +110,7 @@ async fn shutdown_goes_unready_first_then_closes_then_drains() {
     );
     let g = TestGateway::start_healthy(&toml).await;
     let addr = g.addr;
-    let mut stream = post_json(
-        &client(),
-        g.url("/v1/chat/completions"),
-        &chat_body("m", true, 40),
-    )
-    .await;
+    let mut stream = g.chat(&chat_body("m", true, 40)).await;
     let first = stream.chunk().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
 

@@ -20,7 +20,7 @@ fn timing(decode_base_ms: u64) -> Timing {
 }
 
 async fn served_by(gw: &TestGateway, body: &serde_json::Value) -> String {
-    let r = post_json(&client(), gw.url("/v1/chat/completions"), body).await;
+    let r = gw.chat(body).await;
     assert_eq!(r.status(), 200);
     let name = r.headers()["x-sluice-backend"]
         .to_str()
@@ -326,7 +326,7 @@ async fn a_prompt_is_pending_prefill_until_its_first_token() {
         "max_tokens": 40,
         "messages": [{"role": "user", "content": "tell me about the handbook ".repeat(60)}]
     });
-    let mut r = post_json(&client(), gw.url("/v1/chat/completions"), &body).await;
+    let mut r = gw.chat(&body).await;
     assert_eq!(r.status(), 200);
     let admin = gw.admin_backends().await;
     let shown = &admin["backends"][0]["routing"]["gateway"];

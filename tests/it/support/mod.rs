@@ -137,6 +137,11 @@ impl TestGateway {
         .await;
     }
 
+    /// `POST /v1/chat/completions` with `body`, from a new client.
+    pub async fn chat<B: serde::Serialize + ?Sized>(&self, body: &B) -> reqwest::Response {
+        post_json(&client(), self.url("/v1/chat/completions"), body).await
+    }
+
     /// `GET /admin/backends` (on the admin listener when there is one), as JSON.
     pub async fn admin_backends(&self) -> serde_json::Value {
         get_json(&client(), self.admin_url("/admin/backends")).await
