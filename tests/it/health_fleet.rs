@@ -9,14 +9,6 @@ use std::time::{Duration, Instant};
 use sluice::sim::{Fault, FaultMode, SimConfig, SimKind};
 use support::*;
 
-fn attempts(g: &TestGateway, name: &str) -> u64 {
-    g.gw.runtime()
-        .fleet
-        .get(name)
-        .map(|b| b.state.requests_total())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn stream_cut_midway_ends_with_an_openai_error_event_then_done() {
     let s = sim(SimKind::Vllm, &["m"]).await;
@@ -150,7 +142,7 @@ async fn busy_ollama_503_and_tgi_429_are_avoided_not_hammered() {
         assert_eq!(r.headers()["x-sluice-backend"], "vllm");
         n += 1;
     }
-    let (o, tg) = (attempts(&g, "ollama"), attempts(&g, "tgi"));
+    let (o, tg) = (g.attempts("ollama"), g.attempts("tgi"));
     eprintln!("{n} requests; busy ollama got {o}, busy tgi got {tg}");
     assert!(n > 50, "too few requests: {n}");
     // Backoff 250 ms, doubling: a handful of tries each in a second, not a share of n.

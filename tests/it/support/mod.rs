@@ -137,6 +137,16 @@ impl TestGateway {
         .await;
     }
 
+    /// Requests the gateway has sent to backend `name` (0 when there is none).
+    pub fn attempts(&self, name: &str) -> u64 {
+        self.gw
+            .runtime()
+            .fleet
+            .get(name)
+            .map(|b| b.state.requests_total())
+            .unwrap_or(0)
+    }
+
     /// `POST /v1/chat/completions` with `body`, from a new client.
     pub async fn chat<B: serde::Serialize + ?Sized>(&self, body: &B) -> reqwest::Response {
         post_json(&client(), self.url("/v1/chat/completions"), body).await
