@@ -257,11 +257,7 @@ async fn ten_megabyte_prompt_passes_through() {
             .max_model_len(8_000_000),
     )
     .await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("b", "vllm", &s.url(), &["m"])
-    ))
-    .await;
+    let g = TestGateway::one_backend("b", "vllm", &s.url()).await;
     let prompt = "lorem ipsum ".repeat(10 * 1024 * 1024 / 12);
     let body =
         json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": prompt}]});
@@ -280,11 +276,7 @@ async fn ten_megabyte_prompt_passes_through() {
 async fn client_disconnect_mid_stream_cancels_upstream() {
     // 1 token per 20 ms: a 500-token answer would take 10 s.
     let s = sim_with(SimConfig::new(SimKind::Vllm, vec!["m".into()]).speed(1.0)).await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("b", "vllm", &s.url(), &["m"])
-    ))
-    .await;
+    let g = TestGateway::one_backend("b", "vllm", &s.url()).await;
     let mut resp = g.chat(&chat_body("m", true, 500)).await;
     let first = resp.chunk().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));

@@ -222,11 +222,7 @@ async fn backend_errors_pass_through_normalised() {
         r#"{"error":"Input validation error: `inputs` must have less than 1024 tokens. Given: 1500","error_type":"validation"}"#.into(),
     )
     .await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("t", "openai", &b.url(), &["m"])
-    ))
-    .await;
+    let g = TestGateway::one_backend("t", "openai", &b.url()).await;
     let resp = g.chat(&chat_body("m", false, 5)).await;
     let v = expect_error(resp, 422, None).await;
     assert_eq!(v["error"]["type"], "validation");
@@ -238,11 +234,7 @@ async fn backend_errors_pass_through_normalised() {
 
     // A backend 500 is passed through (not retried: the engine is up and said so).
     let b = ScriptedBackend::start(500, vec![], "boom".into()).await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("t", "openai", &b.url(), &["m"])
-    ))
-    .await;
+    let g = TestGateway::one_backend("t", "openai", &b.url()).await;
     let resp = g.chat(&chat_body("m", false, 5)).await;
     let v = expect_error(resp, 500, None).await;
     assert_eq!(v["error"]["message"], "boom");

@@ -257,11 +257,7 @@ async fn sse_comments_and_unknown_fields_pass_a_healthy_stream() {
         format!(": keep-alive\n\nevent: ping\nid: 1\n\n{EVENT}retry: 5\n\n{EVENT}data: [DONE]\n\n"),
     )
     .await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("b", "openai", &b.url(), &["m"])
-    ))
-    .await;
+    let g = TestGateway::one_backend("b", "openai", &b.url()).await;
     let (status, _, body) = request(&g, true).await;
     assert_eq!(status, 200);
     let data = sse_data(&body);

@@ -12,11 +12,7 @@ use support::*;
 #[tokio::test]
 async fn stream_cut_midway_ends_with_an_openai_error_event_then_done() {
     let s = sim(SimKind::Vllm, &["m"]).await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("a", "vllm", &s.url(), &["m"])
-    ))
-    .await;
+    let g = TestGateway::one_backend("a", "vllm", &s.url()).await;
     s.set_fault(Fault::from_parts(
         FaultMode::DropMidstream,
         None,

@@ -256,11 +256,7 @@ async fn dashboard_renders_and_follows_traffic_in_chromium() {
 #[tokio::test]
 async fn summary_json_describes_the_fleet() {
     let a = sim(SimKind::Vllm, &["m"]).await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("a", "vllm", &a.url(), &["m"])
-    ))
-    .await;
+    let g = TestGateway::one_backend("a", "vllm", &a.url()).await;
     let c = client();
     let r = post_json(&c, g.url("/v1/chat/completions"), &chat_body("m", true, 8)).await;
     let _ = r.text().await.unwrap();

@@ -78,6 +78,15 @@ impl TestGateway {
         g
     }
 
+    /// A gateway with [`FAST_HEALTH`] and one backend serving model `m`, once it is healthy.
+    pub async fn one_backend(name: &str, kind: &str, url: &str) -> TestGateway {
+        TestGateway::start_healthy(&format!(
+            "{FAST_HEALTH}{}",
+            backend(name, kind, url, &["m"])
+        ))
+        .await
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
