@@ -141,28 +141,10 @@ async fn dashboard_renders_and_follows_traffic_in_chromium() {
 
     // Guarded like the other operations routes, and only on the admin listener.
     let c = client();
+    assert_eq!(get_status(&c, g.admin_url("/dashboard")).await, 401);
+    assert_eq!(get_status(&c, g.admin_url("/admin/summary")).await, 401);
     assert_eq!(
-        c.get(g.admin_url("/dashboard"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        401
-    );
-    assert_eq!(
-        c.get(g.admin_url("/admin/summary"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        401
-    );
-    assert_eq!(
-        c.get(g.url("/dashboard?token=dash-token"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        get_status(&c, g.url("/dashboard?token=dash-token")).await,
         404
     );
     let page = c

@@ -22,12 +22,7 @@ async fn chat(c: &reqwest::Client, url: &str, max_tokens: u32) -> (u16, String) 
 }
 
 async fn health(c: &reqwest::Client, url: &str) -> u16 {
-    c.get(format!("{url}/health"))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    get_status(c, format!("{url}/health")).await.as_u16()
 }
 
 #[tokio::test]
@@ -259,14 +254,7 @@ async fn health_fail_keeps_inference_working() {
     assert_eq!(chat(&c, &t.url(), 2).await.0, 200);
     let o = start(SimKind::Ollama, &["m"], |c| c.speed(0.0)).await;
     set_fault(&c, &o.url(), json!({"mode":"health_fail"})).await;
-    assert_eq!(
-        c.get(format!("{}/", o.url()))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        503
-    );
+    assert_eq!(get_status(&c, format!("{}/", o.url())).await, 503);
 }
 
 #[tokio::test]

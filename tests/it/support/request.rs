@@ -8,6 +8,11 @@ pub async fn get_json(c: &Client, url: impl IntoUrl) -> serde_json::Value {
     c.get(url).send().await.unwrap().json().await.unwrap()
 }
 
+/// `GET url`, the answer's status.
+pub async fn get_status(c: &Client, url: impl IntoUrl) -> reqwest::StatusCode {
+    c.get(url).send().await.unwrap().status()
+}
+
 /// `GET url`, the answer as text.
 pub async fn get_text(c: &Client, url: impl IntoUrl) -> String {
     c.get(url).send().await.unwrap().text().await.unwrap()
