@@ -59,10 +59,7 @@ async fn streams_through_every_kind_chunk_by_chunk_with_done() {
         let (g, _s) = single(kind).await;
         let resp = g.chat(&chat_body("llama3", true, 6)).await;
         assert_eq!(resp.status(), 200);
-        assert!(resp.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/event-stream"));
+        assert!(header(&resp, "content-type").starts_with("text/event-stream"));
         let body = resp.text().await.unwrap();
         let data = sse_data(&body);
         assert_eq!(

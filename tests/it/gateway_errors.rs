@@ -27,10 +27,7 @@ fn closing(resp: reqwest::Response) -> reqwest::Response {
 
 async fn expect_error(resp: reqwest::Response, status: u16, code: Option<&str>) -> Value {
     assert_eq!(resp.status().as_u16(), status);
-    assert!(resp.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .starts_with("application/json"));
+    assert!(header(&resp, "content-type").starts_with("application/json"));
     let v: Value = resp.json().await.unwrap();
     let e = &v["error"];
     assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");

@@ -154,10 +154,7 @@ async fn dashboard_renders_and_follows_traffic_in_chromium() {
         .await
         .unwrap();
     assert_eq!(page.status(), 200);
-    let csp = page.headers()["content-security-policy"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let csp = header(&page, "content-security-policy").to_string();
     assert!(csp.contains("default-src 'none'"), "{csp}");
     let html = page.text().await.unwrap();
     assert!(

@@ -22,10 +22,7 @@ fn timing(decode_base_ms: u64) -> Timing {
 async fn served_by(gw: &TestGateway, body: &serde_json::Value) -> String {
     let r = gw.chat(body).await;
     assert_eq!(r.status(), 200);
-    let name = r.headers()["x-sluice-backend"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let name = header(&r, "x-sluice-backend").to_string();
     let _ = r.text().await.unwrap();
     name
 }

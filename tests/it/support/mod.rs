@@ -15,7 +15,7 @@ pub mod sim;
 
 pub use net::free_port;
 pub use poll::{eventually, poll, Lazy};
-pub use request::{get_json, get_status, get_text, post_json};
+pub use request::{get_json, get_status, get_text, header, post_json};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

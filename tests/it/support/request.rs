@@ -31,3 +31,8 @@ pub async fn post_for_json<B: Serialize + ?Sized>(
 ) -> serde_json::Value {
     post_json(c, url, body).await.json().await.unwrap()
 }
+
+/// The value of header `name` of an answer, which must have it, as text.
+pub fn header<'a>(r: &'a Response, name: &str) -> &'a str {
+    r.headers()[name].to_str().unwrap()
+}
