@@ -15,6 +15,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;
@@ -271,12 +272,20 @@ fn stream_headers(r: &mut Response<SimBody>, chars: usize) {
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
 }
 
-async fn generate(sim: &Arc<Sim>, req: Request<Incoming>, kind: Native) -> Response<SimBody> {
+/// A JSON request's body: 415 for another content type, 413 beyond the size limit.
+async fn read_json_body(req: Request<Incoming>) -> Result<Bytes, Response<SimBody>> {
     if !is_json(&req) {
-        return unsupported_media();
+        return Err(unsupported_media());
     }
-    let Ok(body) = read_body(req).await else {
-        return json(StatusCode::PAYLOAD_TOO_LARGE, TEXT, "length limit exceeded");
+    read_body(req)
+        .await
+        .map_err(|_| json(StatusCode::PAYLOAD_TOO_LARGE, TEXT, "length limit exceeded"))
+}
+
+async fn generate(sim: &Arc<Sim>, req: Request<Incoming>, kind: Native) -> Response<SimBody> {
+    let body = match read_json_body(req).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
     };
     let r: GenerateRequest = match parse(&body) {
         Ok(r) => r,
@@ -422,11 +431,9 @@ fn missing_field(body: &[u8], field: &str) -> Response<SimBody> {
 }
 
 async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<SimBody> {
-    if !is_json(&req) {
-        return unsupported_media();
-    }
-    let Ok(body) = read_body(req).await else {
-        return json(StatusCode::PAYLOAD_TOO_LARGE, TEXT, "length limit exceeded");
+    let body = match read_json_body(req).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
     };
     let (model, prompt, max_tokens, (stream, usage), seed) = if chat {
         let r: ChatRequest = match parse(&body) {
@@ -520,11 +527,9 @@ struct TokenizeRequest {
 }
 
 async fn tokenize(_sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    if !is_json(&req) {
-        return unsupported_media();
-    }
-    let Ok(body) = read_body(req).await else {
-        return json(StatusCode::PAYLOAD_TOO_LARGE, TEXT, "length limit exceeded");
+    let body = match read_json_body(req).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
     };
     let r: TokenizeRequest = match parse(&body) {
         Ok(r) => r,
