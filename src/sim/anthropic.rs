@@ -27,7 +27,7 @@ use serde_json::Value;
 use super::gen::Gen;
 use super::openai_surface::js;
 use super::responses::{content_text, render, Turn};
-use super::server::{json, read_body, stream_response, Sim, SimBody};
+use super::server::{json, stream_response, Sim, SimBody};
 use super::text::{self, Finish};
 use super::vllm::{self, JSON, SSE};
 
@@ -143,10 +143,7 @@ async fn read(
     req: Request<Incoming>,
     need_max_tokens: bool,
 ) -> Result<MessagesRequest, Response<SimBody>> {
-    let Ok(body) = read_body(req).await else {
-        return Err(vllm::too_large());
-    };
-    let r: MessagesRequest = vllm::parse(&body)?;
+    let (body, r) = vllm::read_request::<MessagesRequest>(req).await?;
     if let Some(resp) = r.missing(&body, need_max_tokens) {
         return Err(resp);
     }

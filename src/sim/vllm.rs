@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::de::IgnoredAny;
@@ -387,11 +388,8 @@ pub(super) fn seed(sim: &Sim, s: Option<i64>) -> u64 {
 }
 
 async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return too_large();
-    };
-    let r: ChatRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<ChatRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     if let Some(resp) = check_model(sim, r.model.as_deref()) {
@@ -446,6 +444,18 @@ async fn answer(
         .unwrap_or_else(|_| inference_fault_busy())
 }
 
+/// A request's body and the request it holds: 413 beyond the size limit, vLLM's 400 when it
+/// does not parse.
+pub(super) async fn read_request<T: for<'de> Deserialize<'de>>(
+    req: Request<Incoming>,
+) -> Result<(Bytes, T), Response<SimBody>> {
+    let Ok(body) = read_body(req).await else {
+        return Err(too_large());
+    };
+    let r = parse(&body)?;
+    Ok((body, r))
+}
+
 /// The answer to a body over the size limit.
 pub(super) fn too_large() -> Response<SimBody> {
     error(
@@ -466,11 +476,8 @@ pub(super) fn inference_fault_busy() -> Response<SimBody> {
 }
 
 async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return too_large();
-    };
-    let r: CompletionRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<CompletionRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     if let Some(resp) = check_model(sim, r.model.as_deref()) {
@@ -498,11 +505,8 @@ async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody
 }
 
 async fn embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return too_large();
-    };
-    let r: EmbeddingRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<EmbeddingRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     if let Some(resp) = check_model(sim, r.model.as_deref()) {
@@ -546,11 +550,8 @@ struct BatchRequest {
 /// Several conversations in one call: each one is its own sequence in the engine (they run in
 /// the same batch), answered as one choice each, with the usage summed.
 async fn chat_batch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return too_large();
-    };
-    let r: BatchRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<BatchRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     let Some(convs) = &r.messages else {
@@ -621,11 +622,8 @@ struct TokenizeRequest {
 }
 
 async fn tokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return too_large();
-    };
-    let r: TokenizeRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<TokenizeRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     if let Some(resp) = check_model(sim, r.model.as_deref()) {
@@ -674,11 +672,8 @@ struct DetokenizeRequest {
 }
 
 async fn detokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return too_large();
-    };
-    let r: DetokenizeRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<DetokenizeRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     if let Some(resp) = check_model(sim, r.model.as_deref()) {
