@@ -32,12 +32,7 @@ async fn root_version_tags_show_and_no_metrics() {
     assert_eq!(m["digest"].as_str().unwrap().len(), 64);
     assert_eq!(m["details"]["format"], "gguf");
     assert!(m["modified_at"].as_str().unwrap().ends_with('Z'));
-    let r = c
-        .get(format!("{}/metrics", sim.url()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 404);
+    assert_eq!(get_status(&c, format!("{}/metrics", sim.url())).await, 404);
     let s: Value = post_for_json(
         &c,
         format!("{}/api/show", sim.url()),
@@ -212,12 +207,10 @@ async fn openai_surface_quirks() {
     let m: Value = get_json(&c, format!("{}/v1/models", sim.url())).await;
     assert_eq!(m["data"][0]["id"], "llama3.2:latest");
     assert_eq!(m["data"][0]["owned_by"], "library");
-    let r = c
-        .get(format!("{}/v1/models/llama3.2", sim.url()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(
+        get_status(&c, format!("{}/v1/models/llama3.2", sim.url())).await,
+        200
+    );
     let r = c
         .get(format!("{}/v1/models/nope", sim.url()))
         .send()
