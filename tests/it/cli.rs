@@ -16,6 +16,7 @@ fn sluice() -> Command {
 }
 
 /// `sluice check --config path`, which must exit with 1.
+#[track_caller]
 fn check_fails(path: &std::path::Path) -> std::process::Output {
     let out = sluice()
         .args(["check", "--config"])

@@ -17,6 +17,7 @@ struct Answer {
 
 impl Answer {
     /// The status and the body are the capture's, byte for byte.
+    #[track_caller]
     fn assert_is(&self, status: u16, fixture: &str) {
         assert_eq!(
             (self.status, self.body.as_str()),
