@@ -27,8 +27,8 @@ use serde_json::Value;
 use super::gen::Gen;
 use super::openai_surface::js;
 use super::responses::{content_text, render, Turn};
-use super::server::{json, read_body, stream_response, Sim, SimBody};
-use super::text::{self, Finish, Plan};
+use super::server::{json, stream_response, Sim, SimBody};
+use super::text::{self, Finish};
 use super::vllm::{self, JSON, SSE};
 
 /// One Anthropic message.
@@ -143,15 +143,7 @@ async fn read(
     req: Request<Incoming>,
     need_max_tokens: bool,
 ) -> Result<MessagesRequest, Response<SimBody>> {
-    let Ok(body) = read_body(req).await else {
-        return Err(vllm::error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        ));
-    };
-    let r: MessagesRequest = vllm::parse(&body)?;
+    let (body, r) = vllm::read_request::<MessagesRequest>(req).await?;
     if let Some(resp) = r.missing(&body, need_max_tokens) {
         return Err(resp);
     }
@@ -200,16 +192,7 @@ pub(super) async fn messages(sim: &Arc<Sim>, req: Request<Incoming>) -> Response
         return reshape(resp);
     }
     let model = &sim.config.models[0];
-    let t = &sim.config.timing;
-    let plan = Plan::new(
-        sim.config.seed,
-        model,
-        &prompt,
-        Some(cap),
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(sim.config.seed, model, &prompt, Some(cap));
     let Ok(mut gen) = Gen::start(sim, 0, plan, None) else {
         return reshape(vllm::inference_fault_busy());
     };

@@ -471,6 +471,13 @@ pub struct SimArgs {
     pub threads: usize,
 }
 
+/// `slot` takes `v` when it is given.
+fn set<T>(slot: &mut T, v: Option<T>) {
+    if let Some(v) = v {
+        *slot = v;
+    }
+}
+
 fn parse_kind(s: &str) -> Result<SimKind, String> {
     s.parse().map_err(|e: SimError| e.to_string())
 }
@@ -488,51 +495,32 @@ impl SimArgs {
             .speed(self.speed)
             .seed(self.seed);
         let t = &mut c.timing;
-        if let Some(v) = self.max_num_seqs {
-            t.max_num_seqs = v;
-        }
-        if let Some(v) = self.kv_capacity_tokens {
-            t.kv_capacity_tokens = v;
-        }
+        set(&mut t.max_num_seqs, self.max_num_seqs);
+        set(&mut t.kv_capacity_tokens, self.kv_capacity_tokens);
         if self.prefix_cache_tokens.is_some() {
             t.prefix_cache_tokens = self.prefix_cache_tokens;
         }
-        if let Some(v) = self.prefill_us_per_token {
-            t.prefill_per_token = Duration::from_micros(v);
-        }
-        if let Some(v) = self.decode_base_us {
-            t.decode_base = Duration::from_micros(v);
-        }
-        if let Some(v) = self.decode_per_seq_us {
-            t.decode_per_seq = Duration::from_micros(v);
-        }
-        if let Some(v) = self.block_size {
-            t.block_size = v;
-        }
-        if let Some(v) = self.min_output_tokens {
-            t.min_output_tokens = v;
-        }
-        if let Some(v) = self.max_output_tokens {
-            t.max_output_tokens = v;
-        }
-        if let Some(v) = self.max_model_len {
-            c.max_model_len = v;
-        }
-        if let Some(v) = self.max_concurrent_requests {
-            c.max_concurrent_requests = v;
-        }
-        if let Some(v) = self.max_input_tokens {
-            c.max_input_tokens = v;
-        }
-        if let Some(v) = self.max_queue {
-            c.max_queue = v;
-        }
-        if let Some(v) = self.load_time {
-            c.load_time = v;
-        }
-        if let Some(v) = self.keep_alive {
-            c.keep_alive = v;
-        }
+        set(
+            &mut t.prefill_per_token,
+            self.prefill_us_per_token.map(Duration::from_micros),
+        );
+        set(
+            &mut t.decode_base,
+            self.decode_base_us.map(Duration::from_micros),
+        );
+        set(
+            &mut t.decode_per_seq,
+            self.decode_per_seq_us.map(Duration::from_micros),
+        );
+        set(&mut t.block_size, self.block_size);
+        set(&mut t.min_output_tokens, self.min_output_tokens);
+        set(&mut t.max_output_tokens, self.max_output_tokens);
+        set(&mut c.max_model_len, self.max_model_len);
+        set(&mut c.max_concurrent_requests, self.max_concurrent_requests);
+        set(&mut c.max_input_tokens, self.max_input_tokens);
+        set(&mut c.max_queue, self.max_queue);
+        set(&mut c.load_time, self.load_time);
+        set(&mut c.keep_alive, self.keep_alive);
         c.preloaded = self.preloaded;
         c.prompt_tokens_details = self.enable_prompt_tokens_details;
         c.responses_store = self.enable_responses_store;

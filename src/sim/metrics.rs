@@ -328,31 +328,35 @@ pub(crate) fn render_vllm(model: &str, s: &ModelStats, kv_capacity: u64, block: 
         "KV-cache usage. 1 means 100 percent usage.",
         s.kv_usage(),
     );
-    e.counter(
-        "vllm:prefix_cache_queries",
-        "Prefix cache queries, in terms of number of queried tokens.",
-        s.prefix_queries.load(Relaxed),
-    );
-    e.counter(
-        "vllm:prefix_cache_hits",
-        "Prefix cache hits, in terms of number of cached tokens.",
-        s.prefix_hits.load(Relaxed),
-    );
-    e.counter(
-        "vllm:num_preemptions",
-        "Cumulative number of preemption from the engine.",
-        s.preemptions.load(Relaxed),
-    );
-    e.counter(
-        "vllm:prompt_tokens",
-        "Number of prefill tokens processed.",
-        s.prompt_tokens.load(Relaxed),
-    );
-    e.counter(
-        "vllm:generation_tokens",
-        "Number of generation tokens processed.",
-        s.generation_tokens.load(Relaxed),
-    );
+    for (name, help, v) in [
+        (
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            &s.prefix_queries,
+        ),
+        (
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            &s.prefix_hits,
+        ),
+        (
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            &s.preemptions,
+        ),
+        (
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            &s.prompt_tokens,
+        ),
+        (
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            &s.generation_tokens,
+        ),
+    ] {
+        e.counter(name, help, v.load(Relaxed));
+    }
     let help = "Count of successfully processed requests.";
     e.head("vllm:request_success_total", help, "counter");
     for (reason, v) in [
@@ -369,26 +373,30 @@ pub(crate) fn render_vllm(model: &str, s: &ModelStats, kv_capacity: u64, block: 
         );
     }
     e.created("vllm:request_success", help);
-    e.histogram(
-        "vllm:time_to_first_token_seconds",
-        "Histogram of time to first token in seconds.",
-        &s.ttft,
-    );
-    e.histogram(
-        "vllm:e2e_request_latency_seconds",
-        "Histogram of e2e request latency in seconds.",
-        &s.e2e,
-    );
-    e.histogram(
-        "vllm:request_queue_time_seconds",
-        "Histogram of time spent in WAITING phase for request.",
-        &s.queue_time,
-    );
-    e.histogram(
-        "vllm:request_inference_time_seconds",
-        "Histogram of time spent in RUNNING phase for request.",
-        &s.inference_time,
-    );
+    for (name, help, h) in [
+        (
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            &s.ttft,
+        ),
+        (
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            &s.e2e,
+        ),
+        (
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            &s.queue_time,
+        ),
+        (
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            &s.inference_time,
+        ),
+    ] {
+        e.histogram(name, help, h);
+    }
     e.head(
         "vllm:cache_config_info",
         "Information of the LLMEngine CacheConfig",
@@ -413,51 +421,49 @@ fn tgi_histogram(out: &mut String, name: &str, h: &Histogram) {
     let _ = writeln!(out, "{name}_count {n}");
 }
 
+/// One TGI series without labels, and its blank line.
+fn tgi_series(out: &mut String, name: &str, kind: &str, v: u64) {
+    let _ = writeln!(out, "# TYPE {name} {kind}\n{name} {v}\n");
+}
+
 /// TGI's `/metrics` text.
 pub(crate) fn render_tgi(s: &ModelStats, c: &Counters) -> String {
     let mut out = String::with_capacity(4096);
     let ok = c.infer_success.load(Relaxed);
-    let _ = writeln!(
-        out,
-        "# TYPE tgi_request_count counter\ntgi_request_count {}\n",
-        c.infer_total.load(Relaxed)
+    tgi_series(
+        &mut out,
+        "tgi_request_count",
+        "counter",
+        c.infer_total.load(Relaxed),
     );
-    let _ = writeln!(
-        out,
-        "# TYPE tgi_request_success counter\ntgi_request_success {ok}\n"
-    );
+    tgi_series(&mut out, "tgi_request_success", "counter", ok);
     let _ = writeln!(
         out,
         "# TYPE tgi_request_failure counter\ntgi_request_failure{{err=\"overloaded\"}} {}\ntgi_request_failure{{err=\"validation\"}} {}\n",
         c.overloaded.load(Relaxed),
         c.validation.load(Relaxed)
     );
-    let _ = writeln!(
-        out,
-        "# TYPE tgi_queue_size gauge\ntgi_queue_size {}\n",
-        s.waiting.load(Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size {}\n",
-        s.running.load(Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# TYPE tgi_batch_current_max_tokens gauge\ntgi_batch_current_max_tokens {}\n",
-        s.batch_max_tokens.load(Relaxed)
-    );
-    tgi_histogram(&mut out, "tgi_request_duration", &c.tgi_duration);
-    out.push('\n');
-    tgi_histogram(&mut out, "tgi_request_queue_duration", &s.queue_time);
-    out.push('\n');
-    tgi_histogram(&mut out, "tgi_request_input_length", &c.tgi_input_length);
-    out.push('\n');
-    tgi_histogram(
-        &mut out,
-        "tgi_request_generated_tokens",
-        &c.tgi_generated_tokens,
-    );
+    for (name, v) in [
+        ("tgi_queue_size", &s.waiting),
+        ("tgi_batch_current_size", &s.running),
+        ("tgi_batch_current_max_tokens", &s.batch_max_tokens),
+    ] {
+        tgi_series(&mut out, name, "gauge", v.load(Relaxed));
+    }
+    for (i, (name, h)) in [
+        ("tgi_request_duration", &c.tgi_duration),
+        ("tgi_request_queue_duration", &s.queue_time),
+        ("tgi_request_input_length", &c.tgi_input_length),
+        ("tgi_request_generated_tokens", &c.tgi_generated_tokens),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if i > 0 {
+            out.push('\n');
+        }
+        tgi_histogram(&mut out, name, h);
+    }
     out
 }
 

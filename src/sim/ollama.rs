@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -26,7 +27,7 @@ use super::fault::FaultMode;
 use super::gen::Gen;
 use super::openai_surface::{
     embeddings_body, js, respond, ChatRequest, CompletionRequest, Ctx, EmbeddingRequest, Input,
-    Message, RespondOpts, Surface,
+    Message, RespondOpts, StreamOptions, Surface,
 };
 use super::server::{json, read_body, stream_response, Sim, SimBody};
 use super::text::{self, Finish, Plan};
@@ -74,6 +75,48 @@ pub(crate) async fn route(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<Si
 fn err(status: StatusCode, msg: &str) -> Response<SimBody> {
     json(status, JSON, format!("{{\"error\":{}}}", js(msg)))
 }
+
+/// The request in `body`, or a 400 with the message Ollama's Go decoder gives, in the shape
+/// `fail` gives errors (the native API's or the OpenAI-compatible one's).
+fn parse<T: DeserializeOwned>(body: &[u8], fail: ErrorShape) -> Result<T, Response<SimBody>> {
+    serde_json::from_slice(body)
+        .map_err(|e| fail(StatusCode::BAD_REQUEST, &go_json_error(body, &e)))
+}
+
+/// The request's body read and parsed: 400 when it is too large or not the request.
+async fn read_json<T: DeserializeOwned>(
+    req: Request<Incoming>,
+    fail: ErrorShape,
+) -> Result<T, Response<SimBody>> {
+    let Ok(body) = read_body(req).await else {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            "http: request body too large",
+        ));
+    };
+    parse(&body, fail)
+}
+
+/// The requested model's name and index: 400 when none is named, 404 when it is unknown.
+fn named_model(
+    sim: &Sim,
+    name: Option<String>,
+    fail: ErrorShape,
+) -> Result<(String, usize), Response<SimBody>> {
+    let Some(name) = name.filter(|m| !m.is_empty()) else {
+        return Err(fail(StatusCode::BAD_REQUEST, "model is required"));
+    };
+    match model_index(sim, &name) {
+        Some(idx) => Ok((name, idx)),
+        None => Err(fail(
+            StatusCode::NOT_FOUND,
+            &format!("model '{name}' not found"),
+        )),
+    }
+}
+
+/// How an error is shaped: [`err`] for the native API, [`v1_err`] for the OpenAI-compatible one.
+type ErrorShape = fn(StatusCode, &str) -> Response<SimBody>;
 
 fn v1_err(status: StatusCode, msg: &str) -> Response<SimBody> {
     let ty = match status.as_u16() {
@@ -355,6 +398,17 @@ fn metrics_json(load_ns: u64, gen: &Gen) -> String {
     s
 }
 
+/// `/api/generate`'s `context`: the prompt's token ids, then the answer's.
+fn context(p: &Plan) -> String {
+    let ids: Vec<String> = p
+        .prompt_ids
+        .iter()
+        .map(|i| i.to_string())
+        .chain((0..p.words.len()).map(|i| p.token_id(i).to_string()))
+        .collect();
+    ids.join(",")
+}
+
 async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<SimBody> {
     let Ok(body) = read_body(req).await else {
         return err(StatusCode::BAD_REQUEST, "http: request body too large");
@@ -362,15 +416,13 @@ async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return err(StatusCode::BAD_REQUEST, "missing request body");
     }
-    let r: NativeRequest = match serde_json::from_slice(&body) {
+    let r: NativeRequest = match parse(&body, err) {
         Ok(r) => r,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+        Err(resp) => return resp,
     };
-    let Some(name) = r.model.clone().filter(|m| !m.is_empty()) else {
-        return err(StatusCode::BAD_REQUEST, "model is required");
-    };
-    let Some(idx) = model_index(sim, &name) else {
-        return err(StatusCode::NOT_FOUND, &format!("model '{name}' not found"));
+    let (name, idx) = match named_model(sim, r.model.clone(), err) {
+        Ok(x) => x,
+        Err(resp) => return resp,
     };
     let ka = keep_alive(sim, r.keep_alive.as_ref());
     let name_json = js(&name);
@@ -420,17 +472,8 @@ async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         Some(n) if n > 0 => Some(n as u32),
         _ => None,
     };
-    let t = &sim.config.timing;
     let seed = opts.seed.map(|s| s as u64).unwrap_or(sim.config.seed);
-    let plan = Plan::new(
-        seed,
-        &sim.models[idx].name,
-        &prompt,
-        max,
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(seed, &sim.models[idx].name, &prompt, max);
     let load = ensure_loaded(sim, idx).await;
     let load_ns = load.as_nanos() as u64;
     let Ok(mut gen) = Gen::start(sim, idx, plan, Some(sim.config.max_queue)) else {
@@ -451,13 +494,7 @@ async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         let body = if chat {
             format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\"}},\"done_reason\":\"{}\",\"done\":true{m}}}", done_reason(p.finish))
         } else {
-            let ctx: Vec<String> = p
-                .prompt_ids
-                .iter()
-                .map(|i| i.to_string())
-                .chain((0..p.words.len()).map(|i| p.token_id(i).to_string()))
-                .collect();
-            format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"response\":\"{text}\",\"done\":true,\"done_reason\":\"{}\",\"context\":[{}]{m}}}", done_reason(p.finish), ctx.join(","))
+            format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"response\":\"{text}\",\"done\":true,\"done_reason\":\"{}\",\"context\":[{}]{m}}}", done_reason(p.finish), context(p))
         };
         return json(StatusCode::OK, JSON, body);
     }
@@ -484,13 +521,7 @@ async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         let line = if chat {
             format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"message\":{{\"role\":\"assistant\",\"content\":\"\"}},\"done_reason\":\"{}\",\"done\":true{m}}}\n", done_reason(p.finish))
         } else {
-            let ctx: Vec<String> = p
-                .prompt_ids
-                .iter()
-                .map(|i| i.to_string())
-                .chain((0..p.words.len()).map(|i| p.token_id(i).to_string()))
-                .collect();
-            format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"response\":\"\",\"done\":true,\"done_reason\":\"{}\",\"context\":[{}]{m}}}\n", done_reason(p.finish), ctx.join(","))
+            format!("{{\"model\":{name_json},\"created_at\":\"{now}\",\"response\":\"\",\"done\":true,\"done_reason\":\"{}\",\"context\":[{}]{m}}}\n", done_reason(p.finish), context(p))
         };
         let _ = sink.send(line).await;
     })
@@ -509,18 +540,13 @@ struct EmbedRequest {
 }
 
 async fn embed(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return err(StatusCode::BAD_REQUEST, "http: request body too large");
-    };
-    let r: EmbedRequest = match serde_json::from_slice(&body) {
+    let r: EmbedRequest = match read_json(req, err).await {
         Ok(r) => r,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+        Err(resp) => return resp,
     };
-    let Some(name) = r.model.clone().filter(|m| !m.is_empty()) else {
-        return err(StatusCode::BAD_REQUEST, "model is required");
-    };
-    let Some(idx) = model_index(sim, &name) else {
-        return err(StatusCode::NOT_FOUND, &format!("model '{name}' not found"));
+    let (name, idx) = match named_model(sim, r.model.clone(), err) {
+        Ok(x) => x,
+        Err(resp) => return resp,
     };
     if let Some((status, msg)) = inference_fault(sim) {
         return err(status, msg);
@@ -528,17 +554,11 @@ async fn embed(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let start = Instant::now();
     let load = ensure_loaded(sim, idx).await;
     let texts = r.input.as_ref().map(|i| i.texts()).unwrap_or_default();
-    let dim = r
-        .dimensions
-        .unwrap_or(sim.config.embedding_dim)
-        .clamp(1, 65_536);
-    let vecs: Vec<String> = texts
+    let (vectors, tokens) = sim.embed(&texts, r.dimensions);
+    let vecs: Vec<String> = vectors
         .iter()
-        .map(|t| {
-            serde_json::to_string(&text::embedding(sim.config.seed, t, dim)).unwrap_or_default()
-        })
+        .map(|v| serde_json::to_string(v).unwrap_or_default())
         .collect();
-    let tokens: usize = texts.iter().map(|t| text::count_tokens(t)).sum();
     touch(sim, idx, keep_alive(sim, r.keep_alive.as_ref())).await;
     let total = start.elapsed().as_nanos().max(1) as u64;
     json(
@@ -562,18 +582,13 @@ struct ShowRequest {
 }
 
 async fn show(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return err(StatusCode::BAD_REQUEST, "http: request body too large");
-    };
-    let r: ShowRequest = match serde_json::from_slice(&body) {
+    let r: ShowRequest = match read_json(req, err).await {
         Ok(r) => r,
-        Err(e) => return err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+        Err(resp) => return resp,
     };
-    let Some(name) = r.model.or(r.name).filter(|m| !m.is_empty()) else {
-        return err(StatusCode::BAD_REQUEST, "model is required");
-    };
-    let Some(idx) = model_index(sim, &name) else {
-        return err(StatusCode::NOT_FOUND, &format!("model '{name}' not found"));
+    let (_, idx) = match named_model(sim, r.model.or(r.name), err) {
+        Ok(x) => x,
+        Err(resp) => return resp,
     };
     let n = &sim.models[idx].name;
     let modified =
@@ -633,10 +648,10 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
     let Ok(body) = read_body(req).await else {
         return v1_err(StatusCode::BAD_REQUEST, "http: request body too large");
     };
-    let (model, prompt, max_tokens, stream, usage, seed) = if chat {
-        let r: ChatRequest = match serde_json::from_slice(&body) {
+    let (model, prompt, max_tokens, (stream, usage), seed) = if chat {
+        let r: ChatRequest = match parse(&body, v1_err) {
             Ok(r) => r,
-            Err(e) => return v1_err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+            Err(resp) => return resp,
         };
         if r.messages.as_ref().map(|m| m.is_empty()).unwrap_or(true) {
             return v1_err(StatusCode::BAD_REQUEST, "[] is too short - 'messages'");
@@ -646,51 +661,32 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
             r.model.clone(),
             r.prompt(),
             r.max_tokens,
-            r.stream.unwrap_or(false),
-            r.stream_options
-                .as_ref()
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+            StreamOptions::flags(r.stream, &r.stream_options),
             r.seed,
         )
     } else {
-        let r: CompletionRequest = match serde_json::from_slice(&body) {
+        let r: CompletionRequest = match parse(&body, v1_err) {
             Ok(r) => r,
-            Err(e) => return v1_err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+            Err(resp) => return resp,
         };
         (
             r.model.clone(),
             r.prompt.as_ref().map(|p| p.text()).unwrap_or_default(),
             r.max_tokens,
-            r.stream.unwrap_or(false),
-            r.stream_options
-                .as_ref()
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+            StreamOptions::flags(r.stream, &r.stream_options),
             r.seed,
         )
     };
-    let Some(name) = model.filter(|m| !m.is_empty()) else {
-        return v1_err(StatusCode::BAD_REQUEST, "model is required");
-    };
-    let Some(idx) = model_index(sim, &name) else {
-        return v1_err(StatusCode::NOT_FOUND, &format!("model '{name}' not found"));
+    let (name, idx) = match named_model(sim, model, v1_err) {
+        Ok(x) => x,
+        Err(resp) => return resp,
     };
     if let Some((status, msg)) = inference_fault(sim) {
         return v1_err(status, msg);
     }
-    let t = &sim.config.timing;
     let max = max_tokens.filter(|m| *m > 0).map(|m| m as u32);
     let seed = seed.map(|s| s as u64).unwrap_or(sim.config.seed);
-    let plan = Plan::new(
-        seed,
-        &sim.models[idx].name,
-        &prompt,
-        max,
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(seed, &sim.models[idx].name, &prompt, max);
     ensure_loaded(sim, idx).await;
     let ctx = Ctx::new(Surface::Ollama, chat, &name);
     let opts = RespondOpts {
@@ -712,18 +708,13 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
 }
 
 async fn openai_embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return v1_err(StatusCode::BAD_REQUEST, "http: request body too large");
-    };
-    let r: EmbeddingRequest = match serde_json::from_slice(&body) {
+    let r: EmbeddingRequest = match read_json(req, v1_err).await {
         Ok(r) => r,
-        Err(e) => return v1_err(StatusCode::BAD_REQUEST, &go_json_error(&body, &e)),
+        Err(resp) => return resp,
     };
-    let Some(name) = r.model.clone().filter(|m| !m.is_empty()) else {
-        return v1_err(StatusCode::BAD_REQUEST, "model is required");
-    };
-    let Some(idx) = model_index(sim, &name) else {
-        return v1_err(StatusCode::NOT_FOUND, &format!("model '{name}' not found"));
+    let (name, idx) = match named_model(sim, r.model.clone(), v1_err) {
+        Ok(x) => x,
+        Err(resp) => return resp,
     };
     let Some(input) = &r.input else {
         return v1_err(StatusCode::BAD_REQUEST, "invalid input");
@@ -733,15 +724,7 @@ async fn openai_embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<S
     }
     ensure_loaded(sim, idx).await;
     let texts = input.texts();
-    let dim = r
-        .dimensions
-        .unwrap_or(sim.config.embedding_dim)
-        .clamp(1, 65_536);
-    let vecs: Vec<Vec<f32>> = texts
-        .iter()
-        .map(|t| text::embedding(sim.config.seed, t, dim))
-        .collect();
-    let tokens: usize = texts.iter().map(|t| text::count_tokens(t)).sum();
+    let (vecs, tokens) = sim.embed(&texts, r.dimensions);
     touch(sim, idx, Some(sim.config.keep_alive)).await;
     json(
         StatusCode::OK,

@@ -28,6 +28,15 @@ pub(crate) struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
+impl StreamOptions {
+    /// Whether a request streams and whether it asks for a usage chunk, both off unless set
+    /// (TGI and Ollama; vLLM reads `stream_options` its own way).
+    pub(crate) fn flags(stream: Option<bool>, options: &Option<StreamOptions>) -> (bool, bool) {
+        let usage = options.as_ref().and_then(|o| o.include_usage);
+        (stream.unwrap_or(false), usage.unwrap_or(false))
+    }
+}
+
 /// Message content: a string or a list of parts.
 #[derive(Deserialize, Debug)]
 #[serde(untagged)]

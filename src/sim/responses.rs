@@ -422,15 +422,6 @@ fn not_found(id: &str) -> Response<SimBody> {
     )
 }
 
-fn too_large() -> Response<SimBody> {
-    vllm::error(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "Request body too large",
-        "Bad Request",
-        None,
-    )
-}
-
 /// The conversation of a request: instructions, the previous response's turns and output,
 /// then the new input.
 fn conversation(r: &ResponsesRequest, input: &Value, prev: Option<(Doc, Vec<Turn>)>) -> Vec<Turn> {
@@ -452,7 +443,7 @@ fn conversation(r: &ResponsesRequest, input: &Value, prev: Option<(Doc, Vec<Turn
 /// `POST /v1/responses`.
 pub(super) async fn create(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let Ok(body) = read_body(req).await else {
-        return too_large();
+        return vllm::too_large();
     };
     let (r, turns) = match prepare(sim, &body) {
         Ok(x) => x,
@@ -468,16 +459,7 @@ pub(super) async fn create(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<S
         return resp;
     }
     let model = &sim.config.models[0];
-    let t = &sim.config.timing;
-    let plan = Plan::new(
-        vllm::seed(sim, r.seed),
-        model,
-        &prompt,
-        Some(cap),
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(vllm::seed(sim, r.seed), model, &prompt, Some(cap));
     let Ok(gen) = Gen::start(sim, 0, plan, None) else {
         return vllm::inference_fault_busy();
     };

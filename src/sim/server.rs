@@ -31,6 +31,7 @@ use super::config::{SimConfig, SimKind};
 use super::engine::Engine;
 use super::fault::{FaultMode, FaultRequest, FaultState};
 use super::metrics::{Counters, ModelStats};
+use super::text::{self, Plan};
 use super::{ollama, tgi, vllm, SimError};
 
 /// Largest request body the simulator reads.
@@ -152,6 +153,39 @@ impl Sim {
     /// Whether plans need prompt token ids (the scheduler's prefix cache, Ollama's `context`).
     pub(crate) fn needs_prompt_ids(&self) -> bool {
         self.config.speed > 0.0 || self.config.kind == SimKind::Ollama
+    }
+
+    /// The words one request to `model` will produce, under this simulator's output-length
+    /// timing.
+    pub(crate) fn plan(&self, seed: u64, model: &str, prompt: &str, max: Option<u32>) -> Plan {
+        let t = &self.config.timing;
+        Plan::new(
+            seed,
+            model,
+            prompt,
+            max,
+            t.min_output_tokens,
+            t.max_output_tokens,
+            self.needs_prompt_ids(),
+        )
+    }
+
+    /// The embedding of each text (`dimensions` long, else the configured size) and the tokens
+    /// they count together.
+    pub(crate) fn embed(
+        &self,
+        texts: &[String],
+        dimensions: Option<usize>,
+    ) -> (Vec<Vec<f32>>, usize) {
+        let dim = dimensions
+            .unwrap_or(self.config.embedding_dim)
+            .clamp(1, 65_536);
+        let vectors = texts
+            .iter()
+            .map(|t| text::embedding(self.config.seed, t, dim))
+            .collect();
+        let tokens = texts.iter().map(|t| text::count_tokens(t)).sum();
+        (vectors, tokens)
     }
 
     /// Time scale for simulator-side delays (load time); `None` at speed 0.

@@ -15,6 +15,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;
@@ -23,7 +24,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::fault::FaultMode;
 use super::gen::Gen;
 use super::openai_surface::{
-    js, respond, ChatRequest, CompletionRequest, Ctx, RespondOpts, Surface, TGI_VERSION,
+    js, respond, ChatRequest, CompletionRequest, Ctx, RespondOpts, StreamOptions, Surface,
+    TGI_VERSION,
 };
 use super::server::{empty, json, read_body, stream_response, Sim, SimBody};
 use super::text::{self, Finish, Plan};
@@ -270,12 +272,20 @@ fn stream_headers(r: &mut Response<SimBody>, chars: usize) {
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
 }
 
-async fn generate(sim: &Arc<Sim>, req: Request<Incoming>, kind: Native) -> Response<SimBody> {
+/// A JSON request's body: 415 for another content type, 413 beyond the size limit.
+async fn read_json_body(req: Request<Incoming>) -> Result<Bytes, Response<SimBody>> {
     if !is_json(&req) {
-        return unsupported_media();
+        return Err(unsupported_media());
     }
-    let Ok(body) = read_body(req).await else {
-        return json(StatusCode::PAYLOAD_TOO_LARGE, TEXT, "length limit exceeded");
+    read_body(req)
+        .await
+        .map_err(|_| json(StatusCode::PAYLOAD_TOO_LARGE, TEXT, "length limit exceeded"))
+}
+
+async fn generate(sim: &Arc<Sim>, req: Request<Incoming>, kind: Native) -> Response<SimBody> {
+    let body = match read_json_body(req).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
     };
     let r: GenerateRequest = match parse(&body) {
         Ok(r) => r,
@@ -321,17 +331,8 @@ async fn generate(sim: &Arc<Sim>, req: Request<Incoming>, kind: Native) -> Respo
         Gate::Overloaded => return overloaded_response(sim),
         Gate::Failed(resp) => return resp,
     };
-    let t = &sim.config.timing;
     let seed = params.seed.unwrap_or(sim.config.seed);
-    let plan = Plan::new(
-        seed,
-        &sim.config.models[0],
-        &r.inputs,
-        Some(cap),
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(seed, &sim.config.models[0], &r.inputs, Some(cap));
     let Ok(mut gen) = Gen::start(sim, 0, plan, None) else {
         return overloaded_response(sim);
     };
@@ -417,37 +418,36 @@ async fn generate(sim: &Arc<Sim>, req: Request<Incoming>, kind: Native) -> Respo
     resp
 }
 
+/// TGI's 422 for a request without a required field (axum's JSON extractor).
+fn missing_field(body: &[u8], field: &str) -> Response<SimBody> {
+    json(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        TEXT,
+        format!(
+            "Failed to deserialize the JSON body into the target type: missing field `{field}` at line 1 column {}",
+            body.len()
+        ),
+    )
+}
+
 async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<SimBody> {
-    if !is_json(&req) {
-        return unsupported_media();
-    }
-    let Ok(body) = read_body(req).await else {
-        return json(StatusCode::PAYLOAD_TOO_LARGE, TEXT, "length limit exceeded");
+    let body = match read_json_body(req).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
     };
-    let (model, prompt, max_tokens, stream, usage, seed) = if chat {
+    let (model, prompt, max_tokens, (stream, usage), seed) = if chat {
         let r: ChatRequest = match parse(&body) {
             Ok(r) => r,
             Err(resp) => return resp,
         };
         if r.messages.is_none() {
-            return json(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                TEXT,
-                format!(
-                    "Failed to deserialize the JSON body into the target type: missing field `messages` at line 1 column {}",
-                    body.len()
-                ),
-            );
+            return missing_field(&body, "messages");
         }
         (
             r.model.clone(),
             r.prompt(),
             r.max_tokens.or(r.max_completion_tokens),
-            r.stream.unwrap_or(false),
-            r.stream_options
-                .as_ref()
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+            StreamOptions::flags(r.stream, &r.stream_options),
             r.seed,
         )
     } else {
@@ -456,24 +456,13 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
             Err(resp) => return resp,
         };
         let Some(p) = &r.prompt else {
-            return json(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                TEXT,
-                format!(
-                    "Failed to deserialize the JSON body into the target type: missing field `prompt` at line 1 column {}",
-                    body.len()
-                ),
-            );
+            return missing_field(&body, "prompt");
         };
         (
             r.model.clone(),
             p.text(),
             r.max_tokens.or(r.max_completion_tokens),
-            r.stream.unwrap_or(false),
-            r.stream_options
-                .as_ref()
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
+            StreamOptions::flags(r.stream, &r.stream_options),
             r.seed,
         )
     };
@@ -508,17 +497,8 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         Gate::Overloaded => return overloaded_response(sim),
         Gate::Failed(resp) => return resp,
     };
-    let t = &sim.config.timing;
     let seed = seed.map(|s| s as u64).unwrap_or(sim.config.seed);
-    let plan = Plan::new(
-        seed,
-        &sim.config.models[0],
-        &prompt,
-        Some(cap),
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(seed, &sim.config.models[0], &prompt, Some(cap));
     let ctx = Ctx::new(Surface::Tgi, chat, &echo);
     let opts = RespondOpts {
         chat,
@@ -547,11 +527,9 @@ struct TokenizeRequest {
 }
 
 async fn tokenize(_sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    if !is_json(&req) {
-        return unsupported_media();
-    }
-    let Ok(body) = read_body(req).await else {
-        return json(StatusCode::PAYLOAD_TOO_LARGE, TEXT, "length limit exceeded");
+    let body = match read_json_body(req).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
     };
     let r: TokenizeRequest = match parse(&body) {
         Ok(r) => r,

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::de::IgnoredAny;
@@ -24,7 +25,7 @@ use super::openai_surface::{
     RespondOpts, Surface,
 };
 use super::server::{empty, json, read_body, Sim, SimBody};
-use super::text::{self, Plan};
+use super::text;
 
 pub(super) const JSON: &str = "application/json";
 pub(super) const SSE: &str = "text/event-stream; charset=utf-8";
@@ -387,16 +388,8 @@ pub(super) fn seed(sim: &Sim, s: Option<i64>) -> u64 {
 }
 
 async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
-    };
-    let r: ChatRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<ChatRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     if let Some(resp) = check_model(sim, r.model.as_deref()) {
@@ -415,24 +408,29 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         Ok(c) => c,
         Err(resp) => return resp,
     };
+    answer(sim, true, seed(sim, r.seed), &prompt, cap, stream, usage).await
+}
+
+/// A chat (`chat`) or completions request, checked: the injected fault if one is due, else the
+/// first model's answer, whole or streamed.
+async fn answer(
+    sim: &Arc<Sim>,
+    chat: bool,
+    seed: u64,
+    prompt: &str,
+    cap: u32,
+    stream: bool,
+    usage: bool,
+) -> Response<SimBody> {
     if let Some(resp) = inference_fault(sim) {
         return resp;
     }
     let model = &sim.config.models[0];
-    let t = &sim.config.timing;
-    let plan = Plan::new(
-        seed(sim, r.seed),
-        model,
-        &prompt,
-        Some(cap),
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
+    let plan = sim.plan(seed, model, prompt, Some(cap));
     let ctx =
-        Ctx::new(Surface::Vllm, true, model).with_prompt_details(sim.config.prompt_tokens_details);
+        Ctx::new(Surface::Vllm, chat, model).with_prompt_details(sim.config.prompt_tokens_details);
     let opts = RespondOpts {
-        chat: true,
+        chat,
         stream,
         include_usage: usage,
         model_idx: 0,
@@ -446,6 +444,28 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         .unwrap_or_else(|_| inference_fault_busy())
 }
 
+/// A request's body and the request it holds: 413 beyond the size limit, vLLM's 400 when it
+/// does not parse.
+pub(super) async fn read_request<T: for<'de> Deserialize<'de>>(
+    req: Request<Incoming>,
+) -> Result<(Bytes, T), Response<SimBody>> {
+    let Ok(body) = read_body(req).await else {
+        return Err(too_large());
+    };
+    let r = parse(&body)?;
+    Ok((body, r))
+}
+
+/// The answer to a body over the size limit.
+pub(super) fn too_large() -> Response<SimBody> {
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "Request body too large",
+        "Bad Request",
+        None,
+    )
+}
+
 pub(super) fn inference_fault_busy() -> Response<SimBody> {
     error(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -456,16 +476,8 @@ pub(super) fn inference_fault_busy() -> Response<SimBody> {
 }
 
 async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
-    };
-    let r: CompletionRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<CompletionRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     if let Some(resp) = check_model(sim, r.model.as_deref()) {
@@ -489,48 +501,12 @@ async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody
         Ok(c) => c,
         Err(resp) => return resp,
     };
-    if let Some(resp) = inference_fault(sim) {
-        return resp;
-    }
-    let model = &sim.config.models[0];
-    let t = &sim.config.timing;
-    let plan = Plan::new(
-        seed(sim, r.seed),
-        model,
-        &prompt,
-        Some(cap),
-        t.min_output_tokens,
-        t.max_output_tokens,
-        sim.needs_prompt_ids(),
-    );
-    let ctx =
-        Ctx::new(Surface::Vllm, false, model).with_prompt_details(sim.config.prompt_tokens_details);
-    let opts = RespondOpts {
-        chat: false,
-        stream,
-        include_usage: usage,
-        model_idx: 0,
-        queue_limit: None,
-        json_ct: JSON,
-        sse_ct: SSE,
-        guard: None,
-    };
-    respond(sim, ctx, plan, opts)
-        .await
-        .unwrap_or_else(|_| inference_fault_busy())
+    answer(sim, false, seed(sim, r.seed), &prompt, cap, stream, usage).await
 }
 
 async fn embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
-    };
-    let r: EmbeddingRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<EmbeddingRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     if let Some(resp) = check_model(sim, r.model.as_deref()) {
@@ -543,15 +519,7 @@ async fn embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody>
         return resp;
     }
     let texts = input.texts();
-    let dim = r
-        .dimensions
-        .unwrap_or(sim.config.embedding_dim)
-        .clamp(1, 65_536);
-    let vectors: Vec<Vec<f32>> = texts
-        .iter()
-        .map(|t| text::embedding(sim.config.seed, t, dim))
-        .collect();
-    let tokens: usize = texts.iter().map(|t| text::count_tokens(t)).sum();
+    let (vectors, tokens) = sim.embed(&texts, r.dimensions);
     json(
         StatusCode::OK,
         JSON,
@@ -582,16 +550,8 @@ struct BatchRequest {
 /// Several conversations in one call: each one is its own sequence in the engine (they run in
 /// the same batch), answered as one choice each, with the usage summed.
 async fn chat_batch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
-    };
-    let r: BatchRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<BatchRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     let Some(convs) = &r.messages else {
@@ -622,18 +582,9 @@ async fn chat_batch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody>
         return resp;
     }
     let model = &sim.config.models[0];
-    let t = &sim.config.timing;
     let mut gens = Vec::with_capacity(prompts.len());
     for prompt in &prompts {
-        let plan = Plan::new(
-            seed(sim, r.seed),
-            model,
-            prompt,
-            Some(cap),
-            t.min_output_tokens,
-            t.max_output_tokens,
-            sim.needs_prompt_ids(),
-        );
+        let plan = sim.plan(seed(sim, r.seed), model, prompt, Some(cap));
         match super::gen::Gen::start(sim, 0, plan, None) {
             Ok(g) => gens.push(g),
             Err(_) => return inference_fault_busy(),
@@ -671,16 +622,8 @@ struct TokenizeRequest {
 }
 
 async fn tokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
-    };
-    let r: TokenizeRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<TokenizeRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     if let Some(resp) = check_model(sim, r.model.as_deref()) {
@@ -729,16 +672,8 @@ struct DetokenizeRequest {
 }
 
 async fn detokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
-    let Ok(body) = read_body(req).await else {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "Request body too large",
-            "Bad Request",
-            None,
-        );
-    };
-    let r: DetokenizeRequest = match parse(&body) {
-        Ok(r) => r,
+    let (body, r) = match read_request::<DetokenizeRequest>(req).await {
+        Ok(x) => x,
         Err(resp) => return resp,
     };
     if let Some(resp) = check_model(sim, r.model.as_deref()) {

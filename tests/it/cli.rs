@@ -15,6 +15,18 @@ fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
 }
 
+/// `sluice check --config path`, which must exit with 1.
+#[track_caller]
+fn check_fails(path: &std::path::Path) -> std::process::Output {
+    let out = sluice()
+        .args(["check", "--config"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    out
+}
+
 #[test]
 fn shipped_configs_are_valid() {
     let root = env!("CARGO_MANIFEST_DIR");
@@ -47,12 +59,7 @@ fn check_prints_every_problem_with_its_location() {
         "[routing]\npolicy = \"fastest\"\n[[backends]]\nname = \"a\"\nkind = \"vllm\"\nurl = \"nope\"\n[admin]\nlisten = \"0.0.0.0:1\"\ntoken = \"${UNSET_FOR_SURE}\"\n",
     )
     .unwrap();
-    let out = sluice()
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    let out = check_fails(&path);
     let err = String::from_utf8_lossy(&out.stderr);
     for needle in [
         "routing.policy",
@@ -65,12 +72,7 @@ fn check_prints_every_problem_with_its_location() {
     }
     // A syntax error names the line.
     std::fs::write(&path, "[server]\nlisten = \n").unwrap();
-    let out = sluice()
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    let out = check_fails(&path);
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
     // `serve` refuses it the same way and starts nothing.
     let out = sluice()
@@ -270,12 +272,7 @@ fn check_reports_an_out_of_range_value_with_its_line() {
         "[server]\nthreads = 2\n[routing]\nmax_attempts = 40\n",
     )
     .unwrap();
-    let out = sluice()
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    let out = check_fails(&path);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("range.toml: routing.max_attempts: must be between 1 and 16 (line 4)"),

@@ -75,12 +75,60 @@ impl Load {
     }
 }
 
-fn attempts(g: &TestGateway, name: &str) -> u64 {
-    g.gw.runtime()
-        .fleet
-        .get(name)
-        .map(|b| b.state.requests_total())
-        .unwrap_or(0)
+/// Until `name` has been sent more than 20 requests.
+async fn until_serving(g: &TestGateway, name: &str) {
+    eventually(
+        Duration::from_secs(5),
+        format!("{name} serves traffic"),
+        || {
+            let n = g.attempts(name);
+            async move { n > 20 }
+        },
+    )
+    .await;
+}
+
+/// Until `name` is no longer routable, for at most `within`.
+async fn until_out(g: &TestGateway, name: &str, within: Duration) {
+    eventually(within, format!("{name} out of the pool"), || {
+        let routable = g.gw.runtime().fleet.get(name).unwrap().state.routable();
+        async move { !routable }
+    })
+    .await;
+}
+
+/// While s0 and s2 serve 100 more requests, s1 is sent none.
+async fn s1_gets_no_new_request(g: &TestGateway) {
+    let at_start = g.attempts("s1");
+    let before = g.attempts("s0") + g.attempts("s2");
+    eventually(
+        Duration::from_secs(5),
+        "traffic continues elsewhere",
+        || {
+            let n = g.attempts("s0") + g.attempts("s2");
+            async move { n > before + 100 }
+        },
+    )
+    .await;
+    assert_eq!(
+        g.attempts("s1"),
+        at_start,
+        "the dead backend got new requests"
+    );
+}
+
+/// Until `name` has been sent 10 more requests.
+async fn until_serving_again(g: &TestGateway, name: &str) {
+    let n = g.attempts(name);
+    eventually(
+        Duration::from_secs(5),
+        format!("{name} serves again"),
+        || {
+            let m = g.attempts(name);
+            async move { m > n + 10 }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,50 +142,22 @@ async fn killed_backend_is_out_within_a_second_no_client_error_and_rejoins() {
     let g = TestGateway::start_healthy(&three_vllm_config(&urls, "")).await;
     let load = start_load(g.url("/v1/chat/completions"), 16);
 
-    eventually(Duration::from_secs(5), "s1 serves traffic", || {
-        let n = attempts(&g, "s1");
-        async move { n > 20 }
-    })
-    .await;
+    until_serving(&g, "s1").await;
     // Kill s1: its port stops accepting (connections reset, kept-alive ones closed).
     sims[1].set_fault(Fault::mode(FaultMode::Refuse)).unwrap();
     let died = Instant::now();
-    eventually(Duration::from_secs(1), "s1 out of the pool", || {
-        let routable = g.gw.runtime().fleet.get("s1").unwrap().state.routable();
-        async move { !routable }
-    })
-    .await;
+    until_out(&g, "s1", Duration::from_secs(1)).await;
     let ejected_after = died.elapsed();
     // From 1 s after its death on, it gets no new request.
     tokio::time::sleep_until((died + Duration::from_secs(1)).into()).await;
-    let at_one_second = attempts(&g, "s1");
-    let before = attempts(&g, "s0") + attempts(&g, "s2");
-    eventually(
-        Duration::from_secs(5),
-        "traffic continues elsewhere",
-        || {
-            let n = attempts(&g, "s0") + attempts(&g, "s2");
-            async move { n > before + 100 }
-        },
-    )
-    .await;
-    assert_eq!(
-        attempts(&g, "s1"),
-        at_one_second,
-        "the dead backend got new requests"
-    );
+    s1_gets_no_new_request(&g).await;
 
     // Restart: it rejoins and serves again.
     sims[1].set_fault(Fault::healthy()).unwrap();
     let back = Instant::now();
     g.wait_state("s1", "healthy", Duration::from_secs(5)).await;
     let rejoined_after = back.elapsed();
-    let n = attempts(&g, "s1");
-    eventually(Duration::from_secs(5), "s1 serves again", || {
-        let m = attempts(&g, "s1");
-        async move { m > n + 10 }
-    })
-    .await;
+    until_serving_again(&g, "s1").await;
     let (sent, failed) = load.finish().await;
     eprintln!("refuse: sent {sent} failed {failed} ejected after {ejected_after:?} rejoined after {rejoined_after:?}");
     assert!(sent > 200, "too little load: {sent}");
@@ -153,31 +173,12 @@ async fn process_gone_and_restarted_on_the_same_port() {
     let urls = vec![s0.url(), s1.url(), s2.url()];
     let g = TestGateway::start_healthy(&three_vllm_config(&urls, "")).await;
     let load = start_load(g.url("/v1/chat/completions"), 12);
-    eventually(Duration::from_secs(5), "s1 serves traffic", || {
-        let n = attempts(&g, "s1");
-        async move { n > 20 }
-    })
-    .await;
+    until_serving(&g, "s1").await;
     s1.shutdown().await; // the process is gone: connection refused
     let died = Instant::now();
-    eventually(Duration::from_secs(1), "s1 out of the pool", || {
-        let routable = g.gw.runtime().fleet.get("s1").unwrap().state.routable();
-        async move { !routable }
-    })
-    .await;
+    until_out(&g, "s1", Duration::from_secs(1)).await;
     tokio::time::sleep_until((died + Duration::from_secs(1)).into()).await;
-    let at_one_second = attempts(&g, "s1");
-    let before = attempts(&g, "s0") + attempts(&g, "s2");
-    eventually(
-        Duration::from_secs(5),
-        "traffic continues elsewhere",
-        || {
-            let n = attempts(&g, "s0") + attempts(&g, "s2");
-            async move { n > before + 100 }
-        },
-    )
-    .await;
-    assert_eq!(attempts(&g, "s1"), at_one_second);
+    s1_gets_no_new_request(&g).await;
     let _s1 = sim_with(
         sluice::sim::SimConfig::new(SimKind::Vllm, vec!["m".into()])
             .speed(0.0)
@@ -185,12 +186,7 @@ async fn process_gone_and_restarted_on_the_same_port() {
     )
     .await;
     g.wait_state("s1", "healthy", Duration::from_secs(5)).await;
-    let n = attempts(&g, "s1");
-    eventually(Duration::from_secs(5), "s1 serves again", || {
-        let m = attempts(&g, "s1");
-        async move { m > n + 10 }
-    })
-    .await;
+    until_serving_again(&g, "s1").await;
     let (sent, failed) = load.finish().await;
     eprintln!("kill: sent {sent} failed {failed}");
     assert_eq!(failed, 0);
@@ -209,42 +205,18 @@ async fn hung_backend_costs_at_most_the_ttfb_timeout_then_nothing() {
     let g = TestGateway::start_healthy(&three_vllm_config(&urls, extra)).await;
     let c = client();
     let load = start_load(g.url("/v1/chat/completions"), 12);
-    eventually(Duration::from_secs(5), "s1 serves traffic", || {
-        let n = attempts(&g, "s1");
-        async move { n > 20 }
-    })
-    .await;
+    until_serving(&g, "s1").await;
     sims[1].set_fault(Fault::mode(FaultMode::Hang)).unwrap();
     let hung = Instant::now();
-    eventually(Duration::from_secs(2), "s1 out of the pool", || {
-        let routable = g.gw.runtime().fleet.get("s1").unwrap().state.routable();
-        async move { !routable }
-    })
-    .await;
+    until_out(&g, "s1", Duration::from_secs(2)).await;
     let detected = hung.elapsed();
     // After detection, a request is answered promptly, never by s1.
     let t = Instant::now();
-    let r = c
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 4))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&c, g.url("/v1/chat/completions"), &chat_body("m", false, 4)).await;
     assert!(r.status().is_success());
     assert_ne!(r.headers()["x-sluice-backend"], "s1");
     assert!(t.elapsed() < Duration::from_millis(700));
-    let at_detection = attempts(&g, "s1");
-    let before = attempts(&g, "s0") + attempts(&g, "s2");
-    eventually(
-        Duration::from_secs(5),
-        "traffic continues elsewhere",
-        || {
-            let n = attempts(&g, "s0") + attempts(&g, "s2");
-            async move { n > before + 100 }
-        },
-    )
-    .await;
-    assert_eq!(attempts(&g, "s1"), at_detection);
+    s1_gets_no_new_request(&g).await;
     sims[1].set_fault(Fault::healthy()).unwrap();
     g.wait_state("s1", "healthy", Duration::from_secs(5)).await;
     let (sent, failed) = load.finish().await;

@@ -31,12 +31,7 @@ async fn non_stream_chat_through_every_kind_keeps_the_clients_model_name() {
     for kind in [SimKind::Vllm, SimKind::Tgi, SimKind::Ollama] {
         let (g, _s) = single(kind).await;
         for model in ["llama-3.1-8b", "llama3"] {
-            let resp = client()
-                .post(g.url("/v1/chat/completions"))
-                .json(&chat_body(model, false, 5))
-                .send()
-                .await
-                .unwrap();
+            let resp = g.chat(&chat_body(model, false, 5)).await;
             assert_eq!(resp.status(), 200, "{kind:?}");
             assert!(resp.headers().get("x-request-id").is_some());
             let v: Value = resp.json().await.unwrap();
@@ -62,17 +57,9 @@ async fn non_stream_chat_through_every_kind_keeps_the_clients_model_name() {
 async fn streams_through_every_kind_chunk_by_chunk_with_done() {
     for kind in [SimKind::Vllm, SimKind::Tgi, SimKind::Ollama] {
         let (g, _s) = single(kind).await;
-        let resp = client()
-            .post(g.url("/v1/chat/completions"))
-            .json(&chat_body("llama3", true, 6))
-            .send()
-            .await
-            .unwrap();
+        let resp = g.chat(&chat_body("llama3", true, 6)).await;
         assert_eq!(resp.status(), 200);
-        assert!(resp.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/event-stream"));
+        assert!(header(&resp, "content-type").starts_with("text/event-stream"));
         let body = resp.text().await.unwrap();
         let data = sse_data(&body);
         assert_eq!(
@@ -117,15 +104,7 @@ async fn stream_usage_given_when_asked_and_counted_when_not() {
     let (g, _s) = single(SimKind::Vllm).await;
     let mut body = chat_body("llama3", true, 4);
     body["stream_options"] = json!({"include_usage": true});
-    let text = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = g.chat(&body).await.text().await.unwrap();
     let data = sse_data(&text);
     let usage: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
     assert_eq!(usage["choices"], json!([]));
@@ -137,35 +116,35 @@ async fn stream_usage_given_when_asked_and_counted_when_not() {
 #[tokio::test]
 async fn completions_and_embeddings() {
     let (g, _s) = single(SimKind::Vllm).await;
-    let resp = client()
-        .post(g.url("/v1/completions"))
-        .json(&json!({"model": "llama3", "prompt": "Once upon a time", "max_tokens": 3}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(
+        &client(),
+        g.url("/v1/completions"),
+        &json!({"model": "llama3", "prompt": "Once upon a time", "max_tokens": 3}),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["model"], "llama3");
     assert_eq!(v["usage"]["completion_tokens"], 3);
 
-    let text = client()
-        .post(g.url("/v1/completions"))
-        .json(&json!({"model": "llama3", "prompt": "Once", "max_tokens": 3, "stream": true}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = post_json(
+        &client(),
+        g.url("/v1/completions"),
+        &json!({"model": "llama3", "prompt": "Once", "max_tokens": 3, "stream": true}),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
     assert_eq!(sse_data(&text).last().map(String::as_str), Some("[DONE]"));
 
-    let resp = client()
-        .post(g.url("/v1/embeddings"))
-        .json(&json!({"model": "llama-3.1-8b", "input": ["a", "b"]}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(
+        &client(),
+        g.url("/v1/embeddings"),
+        &json!({"model": "llama-3.1-8b", "input": ["a", "b"]}),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["object"], "list");
@@ -187,14 +166,7 @@ async fn models_list_is_the_union_of_healthy_backends_and_survives_one_down() {
     t.push_str("model_names = { \"llama-3.1-8b\" = \"llama3.1:8b\" }\n");
     let g = TestGateway::start(&t).await;
     let ids = || async {
-        let v: Value = client()
-            .get(g.url("/v1/models"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let v: Value = get_json(&client(), g.url("/v1/models")).await;
         assert_eq!(v["object"], "list");
         let mut ids: Vec<String> = v["data"]
             .as_array()
@@ -231,12 +203,7 @@ async fn models_list_is_the_union_of_healthy_backends_and_survives_one_down() {
     })
     .await;
     // One model by id, and an unknown one.
-    let resp = client()
-        .get(g.url("/v1/models/llama3"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_eq!(get_status(&client(), g.url("/v1/models/llama3")).await, 200);
     let resp = client().get(g.url("/v1/models/nope")).send().await.unwrap();
     assert_eq!(resp.status(), 404);
     let v: Value = resp.json().await.unwrap();
@@ -258,12 +225,12 @@ async fn http2_prior_knowledge() {
         .http2_prior_knowledge()
         .build()
         .unwrap();
-    let resp = h2
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("llama3", true, 3))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(
+        &h2,
+        g.url("/v1/chat/completions"),
+        &chat_body("llama3", true, 3),
+    )
+    .await;
     assert_eq!(resp.version(), reqwest::Version::HTTP_2);
     assert_eq!(resp.status(), 200);
     let body = resp.text().await.unwrap();
@@ -282,20 +249,11 @@ async fn ten_megabyte_prompt_passes_through() {
             .max_model_len(8_000_000),
     )
     .await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("b", "vllm", &s.url(), &["m"])
-    ))
-    .await;
+    let g = TestGateway::one_backend("b", "vllm", &s.url()).await;
     let prompt = "lorem ipsum ".repeat(10 * 1024 * 1024 / 12);
     let body =
         json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": prompt}]});
-    let resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = g.chat(&body).await;
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
     let v: Value = resp.json().await.unwrap();
     assert!(
@@ -310,17 +268,8 @@ async fn ten_megabyte_prompt_passes_through() {
 async fn client_disconnect_mid_stream_cancels_upstream() {
     // 1 token per 20 ms: a 500-token answer would take 10 s.
     let s = sim_with(SimConfig::new(SimKind::Vllm, vec!["m".into()]).speed(1.0)).await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("b", "vllm", &s.url(), &["m"])
-    ))
-    .await;
-    let mut resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", true, 500))
-        .send()
-        .await
-        .unwrap();
+    let g = TestGateway::one_backend("b", "vllm", &s.url()).await;
+    let mut resp = g.chat(&chat_body("m", true, 500)).await;
     let first = resp.chunk().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
     let running = |s: &sluice::sim::SimHandle| s.state()["running"].as_u64().unwrap_or(0);

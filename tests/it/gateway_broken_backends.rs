@@ -21,12 +21,7 @@ async fn gateway_for(url: &str) -> TestGateway {
 
 /// Stream `m` through the gateway; returns the payloads received.
 async fn stream(g: &TestGateway) -> (u16, Vec<String>) {
-    let resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", true, 20))
-        .send()
-        .await
-        .unwrap();
+    let resp = g.chat(&chat_body("m", true, 20)).await;
     let status = resp.status().as_u16();
     let body = resp.text().await.unwrap();
     (status, sse_data(&body))
@@ -80,12 +75,7 @@ async fn endless_response_header_is_a_clean_502() {
     let url = bad_backend(Misbehaviour::EndlessHeader).await;
     let g = gateway_for(&url).await;
     let started = Instant::now();
-    let resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 5))
-        .send()
-        .await
-        .unwrap();
+    let resp = g.chat(&chat_body("m", false, 5)).await;
     let status = resp.status().as_u16();
     assert!(status == 502 || status == 504, "status {status}");
     let v: Value = resp.json().await.unwrap();
@@ -123,12 +113,7 @@ async fn one_broken_backend_does_not_hurt_other_requests() {
     // …while the other model keeps answering promptly.
     for _ in 0..20 {
         let started = Instant::now();
-        let resp = client()
-            .post(g.url("/v1/chat/completions"))
-            .json(&chat_body("ok", false, 3))
-            .send()
-            .await
-            .unwrap();
+        let resp = g.chat(&chat_body("ok", false, 3)).await;
         assert_eq!(resp.status(), 200);
         assert!(started.elapsed() < Duration::from_secs(1));
     }

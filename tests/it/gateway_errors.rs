@@ -27,10 +27,7 @@ fn closing(resp: reqwest::Response) -> reqwest::Response {
 
 async fn expect_error(resp: reqwest::Response, status: u16, code: Option<&str>) -> Value {
     assert_eq!(resp.status().as_u16(), status);
-    assert!(resp.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .starts_with("application/json"));
+    assert!(header(&resp, "content-type").starts_with("application/json"));
     let v: Value = resp.json().await.unwrap();
     let e = &v["error"];
     assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
@@ -155,12 +152,7 @@ async fn client_errors_are_openai_shaped_with_the_right_status() {
         expect_error(post(body).send().await.unwrap(), 400, None).await;
     }
     // The gateway still serves after all that.
-    let resp = c
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 2))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&c, g.url("/v1/chat/completions"), &chat_body("m", false, 2)).await;
     assert_eq!(resp.status(), 200);
     g.stop().await;
 }
@@ -174,12 +166,7 @@ async fn no_backend_available_is_503_with_retry_after_fast() {
     ))
     .await;
     let started = Instant::now();
-    let resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 2))
-        .send()
-        .await
-        .unwrap();
+    let resp = g.chat(&chat_body("m", false, 2)).await;
     assert!(resp.headers().get("retry-after").is_some());
     expect_error(resp, 503, None).await;
     assert!(
@@ -190,12 +177,7 @@ async fn no_backend_available_is_503_with_retry_after_fast() {
     // Once the probe knows, the answer is immediate and says no backend is available.
     g.wait_state("gone", "starting", Duration::from_secs(5))
         .await;
-    let resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 2))
-        .send()
-        .await
-        .unwrap();
+    let resp = g.chat(&chat_body("m", false, 2)).await;
     assert_eq!(resp.headers()["retry-after"], "1");
     expect_error(resp, 503, Some("no_backend_available")).await;
     g.stop().await;
@@ -207,12 +189,7 @@ async fn backend_timeout_is_504() {
         vllm_gateway("[routing]\nmax_attempts = 1\n[timeouts]\nresponse = \"300ms\"\n").await;
     s.set_fault(Fault::mode(FaultMode::Hang)).unwrap();
     let started = Instant::now();
-    let resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 2))
-        .send()
-        .await
-        .unwrap();
+    let resp = g.chat(&chat_body("m", false, 2)).await;
     expect_error(resp, 504, Some("backend_timeout")).await;
     assert!(started.elapsed() < Duration::from_secs(3));
     s.set_fault(Fault::healthy()).unwrap();
@@ -224,12 +201,7 @@ async fn backend_errors_pass_through_normalised() {
     // vLLM's own 400 (max_tokens beyond the context) keeps its status and message; the integer
     // code becomes a string so OpenAI SDKs parse it.
     let (g, _s) = vllm_gateway("").await;
-    let resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 5_000_000))
-        .send()
-        .await
-        .unwrap();
+    let resp = g.chat(&chat_body("m", false, 5_000_000)).await;
     let v = expect_error(resp, 400, Some("400")).await;
     assert!(
         v["error"]["message"]
@@ -247,17 +219,8 @@ async fn backend_errors_pass_through_normalised() {
         r#"{"error":"Input validation error: `inputs` must have less than 1024 tokens. Given: 1500","error_type":"validation"}"#.into(),
     )
     .await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("t", "openai", &b.url(), &["m"])
-    ))
-    .await;
-    let resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 5))
-        .send()
-        .await
-        .unwrap();
+    let g = TestGateway::one_backend("t", "openai", &b.url()).await;
+    let resp = g.chat(&chat_body("m", false, 5)).await;
     let v = expect_error(resp, 422, None).await;
     assert_eq!(v["error"]["type"], "validation");
     assert!(v["error"]["message"]
@@ -268,17 +231,8 @@ async fn backend_errors_pass_through_normalised() {
 
     // A backend 500 is passed through (not retried: the engine is up and said so).
     let b = ScriptedBackend::start(500, vec![], "boom".into()).await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("t", "openai", &b.url(), &["m"])
-    ))
-    .await;
-    let resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 5))
-        .send()
-        .await
-        .unwrap();
+    let g = TestGateway::one_backend("t", "openai", &b.url()).await;
+    let resp = g.chat(&chat_body("m", false, 5)).await;
     let v = expect_error(resp, 500, None).await;
     assert_eq!(v["error"]["message"], "boom");
     assert_eq!(b.inference_requests().len(), 1);
@@ -338,12 +292,7 @@ async fn headers_crossing_the_gateway() {
     assert_eq!(sent["model"], "backend-name", "per-backend model name");
 
     // Without a client id, one is generated and returned.
-    let resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 5))
-        .send()
-        .await
-        .unwrap();
+    let resp = g.chat(&chat_body("m", false, 5)).await;
     let id = resp.headers()["x-request-id"].to_str().unwrap().to_string();
     assert_eq!(id.len(), 32);
     assert_eq!(
@@ -372,12 +321,7 @@ async fn retryable_failures_go_to_the_next_backend_before_anything_was_sent() {
     ))
     .await;
     for _ in 0..6 {
-        let resp = client()
-            .post(g.url("/v1/chat/completions"))
-            .json(&chat_body("m", false, 2))
-            .send()
-            .await
-            .unwrap();
+        let resp = g.chat(&chat_body("m", false, 2)).await;
         assert_eq!(resp.status(), 200);
     }
     // Retry-After: 30 means the busy backend is skipped after its first 503.

@@ -31,6 +31,20 @@ async fn gateway(bad_url: &str, kind: &str) -> (TestGateway, sluice::sim::SimHan
     (g, good)
 }
 
+/// The broken answer came within 5 s, and passive health counted it against `bad`.
+#[track_caller]
+fn quick_and_seen(g: &TestGateway, how: Bad, started: Instant) {
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{how:?} took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        failures(g, "bad") >= 1,
+        "{how:?}: passive health saw nothing"
+    );
+}
+
 fn failures(g: &TestGateway, name: &str) -> u64 {
     let rt = g.gw.runtime();
     rt.fleet
@@ -43,12 +57,7 @@ fn failures(g: &TestGateway, name: &str) -> u64 {
 async fn healthy_meanwhile(g: &TestGateway) {
     for _ in 0..5 {
         let started = Instant::now();
-        let resp = client()
-            .post(g.url("/v1/chat/completions"))
-            .json(&chat_body("ok", false, 3))
-            .send()
-            .await
-            .unwrap();
+        let resp = g.chat(&chat_body("ok", false, 3)).await;
         assert_eq!(resp.status(), 200);
         let _ = resp.bytes().await.unwrap();
         assert!(
@@ -73,12 +82,7 @@ fn passthrough_body() -> Value {
 }
 
 async fn request_with(g: &TestGateway, body: Value) -> (u16, String, String) {
-    let resp = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = g.chat(&body).await;
     let status = resp.status().as_u16();
     let ct = resp
         .headers()
@@ -148,15 +152,7 @@ async fn broken_non_streamed_answers_are_clean_502s() {
             body.len() < 4096,
             "{how:?}: the backend's bytes were passed on"
         );
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{how:?} took {:?}",
-            started.elapsed()
-        );
-        assert!(
-            failures(&g, "bad") >= 1,
-            "{how:?}: passive health saw nothing"
-        );
+        quick_and_seen(&g, how, started);
         g.stop().await;
     }
 }
@@ -194,15 +190,7 @@ async fn broken_streams_end_with_a_terminal_error_event() {
             !body.contains("oops"),
             "{how:?}: the invalid event was passed on"
         );
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{how:?} took {:?}",
-            started.elapsed()
-        );
-        assert!(
-            failures(&g, "bad") >= 1,
-            "{how:?}: passive health saw nothing"
-        );
+        quick_and_seen(&g, how, started);
         g.stop().await;
     }
 }
@@ -232,12 +220,7 @@ async fn garbage_backend_fails_over_and_is_ejected() {
     ))
     .await;
     for _ in 0..6 {
-        let resp = client()
-            .post(g.url("/v1/chat/completions"))
-            .json(&chat_body("m", false, 3))
-            .send()
-            .await
-            .unwrap();
+        let resp = g.chat(&chat_body("m", false, 3)).await;
         assert_eq!(resp.status(), 200, "failover to the good backend");
     }
     g.wait_state("bad", "ejected", Duration::from_secs(5)).await;
@@ -272,11 +255,7 @@ async fn sse_comments_and_unknown_fields_pass_a_healthy_stream() {
         format!(": keep-alive\n\nevent: ping\nid: 1\n\n{EVENT}retry: 5\n\n{EVENT}data: [DONE]\n\n"),
     )
     .await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("b", "openai", &b.url(), &["m"])
-    ))
-    .await;
+    let g = TestGateway::one_backend("b", "openai", &b.url()).await;
     let (status, _, body) = request(&g, true).await;
     assert_eq!(status, 200);
     let data = sse_data(&body);

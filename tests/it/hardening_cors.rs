@@ -118,10 +118,7 @@ async fn listed_origins_only_and_requests_stay_authenticated() {
         ok.headers()["access-control-allow-origin"],
         "http://localhost:3000"
     );
-    let exposed = ok.headers()["access-control-expose-headers"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let exposed = header(&ok, "access-control-expose-headers").to_string();
     assert!(exposed.contains("x-request-id"), "{exposed}");
     assert!(
         exposed.contains("x-ratelimit-remaining-requests"),

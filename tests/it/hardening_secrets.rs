@@ -15,12 +15,11 @@
 use crate::support;
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use support::process::write_atomically;
+use support::process::{output_of, write_atomically};
 use support::{eventually, free_port, poll};
 use tokio::net::TcpListener;
 
@@ -653,20 +652,7 @@ impl Run {
             async move { exited }
         })
         .await;
-        let mut logs = String::new();
-        let child = &mut self.gw.child;
-        child
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut logs)
-            .unwrap();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut logs)
-            .unwrap();
+        let logs = output_of(&mut self.gw.child);
         assert!(
             logs.contains("DEBUG") && logs.contains("request"),
             "no debug access log captured: {logs}"

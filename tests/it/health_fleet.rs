@@ -9,22 +9,10 @@ use std::time::{Duration, Instant};
 use sluice::sim::{Fault, FaultMode, SimConfig, SimKind};
 use support::*;
 
-fn attempts(g: &TestGateway, name: &str) -> u64 {
-    g.gw.runtime()
-        .fleet
-        .get(name)
-        .map(|b| b.state.requests_total())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn stream_cut_midway_ends_with_an_openai_error_event_then_done() {
     let s = sim(SimKind::Vllm, &["m"]).await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("a", "vllm", &s.url(), &["m"])
-    ))
-    .await;
+    let g = TestGateway::one_backend("a", "vllm", &s.url()).await;
     s.set_fault(Fault::from_parts(
         FaultMode::DropMidstream,
         None,
@@ -34,12 +22,7 @@ async fn stream_cut_midway_ends_with_an_openai_error_event_then_done() {
         None,
     ))
     .unwrap();
-    let r = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", true, 20))
-        .send()
-        .await
-        .unwrap();
+    let r = g.chat(&chat_body("m", true, 20)).await;
     assert_eq!(r.status(), 200);
     let body = r.bytes().await.unwrap();
     let text = std::str::from_utf8(&body).unwrap();
@@ -150,17 +133,12 @@ async fn busy_ollama_503_and_tgi_429_are_avoided_not_hammered() {
     let t = Instant::now();
     let mut n = 0;
     while t.elapsed() < Duration::from_millis(1000) {
-        let r = c
-            .post(g.url("/v1/chat/completions"))
-            .json(&chat_body("m", false, 4))
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(&c, g.url("/v1/chat/completions"), &chat_body("m", false, 4)).await;
         assert_eq!(r.status(), 200, "{:?}", r.text().await);
         assert_eq!(r.headers()["x-sluice-backend"], "vllm");
         n += 1;
     }
-    let (o, tg) = (attempts(&g, "ollama"), attempts(&g, "tgi"));
+    let (o, tg) = (g.attempts("ollama"), g.attempts("tgi"));
     eprintln!("{n} requests; busy ollama got {o}, busy tgi got {tg}");
     assert!(n > 50, "too few requests: {n}");
     // Backoff 250 ms, doubling: a handful of tries each in a second, not a share of n.
@@ -242,12 +220,7 @@ async fn concurrency_cap_queues_then_times_out_with_retry_after() {
         async move { n == 1 }
     })
     .await;
-    let r = c
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 3))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&c, g.url("/v1/chat/completions"), &chat_body("m", false, 3)).await;
     assert_eq!(r.status(), 503);
     assert!(r.headers().get("retry-after").is_some());
     let v: serde_json::Value = r.json().await.unwrap();
@@ -266,12 +239,7 @@ async fn registered_backend_serves_survives_reload_and_leaves_within_its_ttl() {
     let g = TestGateway::start_healthy(&text).await;
     let c = client();
     let reg = serde_json::json!({"name": "job-42", "kind": "vllm", "url": joiner.url(), "models": ["m2"], "ttl": "600ms"});
-    let r = c
-        .post(g.admin_url("/admin/backends"))
-        .json(&reg)
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&c, g.admin_url("/admin/backends"), &reg).await;
     assert_eq!(r.status(), 201);
     // a configured name cannot be taken
     let mut taken = reg.clone();
@@ -301,12 +269,12 @@ async fn registered_backend_serves_survives_reload_and_leaves_within_its_ttl() {
         if beats == 3 {
             g.gw.reload(sluice::config::from_str(&text, "t").unwrap());
         }
-        let r = c
-            .post(g.url("/v1/chat/completions"))
-            .json(&chat_body("m2", false, 4))
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(
+            &c,
+            g.url("/v1/chat/completions"),
+            &chat_body("m2", false, 4),
+        )
+        .await;
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-sluice-backend"], "job-42");
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -329,12 +297,12 @@ async fn registered_backend_serves_survives_reload_and_leaves_within_its_ttl() {
     })
     .await;
     eprintln!("left {:?} after the last heartbeat", stopped.elapsed());
-    let r = c
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m2", false, 4))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        g.url("/v1/chat/completions"),
+        &chat_body("m2", false, 4),
+    )
+    .await;
     assert_eq!(r.status(), 404);
     assert_eq!(
         c.post(g.admin_url("/admin/backends/job-42/heartbeat"))
@@ -365,12 +333,7 @@ async fn deregistration_drains_in_flight_streams_complete() {
     g.wait_state("pod-a", "healthy", Duration::from_secs(3))
         .await;
     let state = g.gw.runtime().fleet.get("pod-a").unwrap().state.clone();
-    let mut r = c
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", true, 40))
-        .send()
-        .await
-        .unwrap();
+    let mut r = post_json(&c, g.url("/v1/chat/completions"), &chat_body("m", true, 40)).await;
     assert_eq!(r.status(), 200);
     let first = r.chunk().await.unwrap().unwrap();
     assert!(!first.is_empty());
@@ -386,12 +349,7 @@ async fn deregistration_drains_in_flight_streams_complete() {
     assert!(g.gw.runtime().fleet.get("pod-a").is_none());
     assert_eq!(state.health().as_str(), "draining");
     // no new request goes there
-    let n = c
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 4))
-        .send()
-        .await
-        .unwrap();
+    let n = post_json(&c, g.url("/v1/chat/completions"), &chat_body("m", false, 4)).await;
     assert_eq!(n.status(), 404);
     // the in-flight stream completes normally
     let mut rest = Vec::from(&first[..]);
@@ -424,12 +382,7 @@ async fn dns_discovery_adds_each_address_and_reload_removes_them() {
             .map(|b| b.name().to_string())
             .collect();
     assert!(names.iter().all(|n| n.starts_with("pool@")), "{names:?}");
-    let r = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 4))
-        .send()
-        .await
-        .unwrap();
+    let r = g.chat(&chat_body("m", false, 4)).await;
     assert_eq!(r.status(), 200);
     // survives a reload of the same config
     g.gw.reload(sluice::config::from_str(&text, "t").unwrap());

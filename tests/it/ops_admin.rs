@@ -58,12 +58,12 @@ async fn admin_listener_separates_operations_and_wants_its_token() {
         assert_eq!(c.get(g.admin_url(path)).send().await.unwrap().status(), 200);
     }
     // Traffic, then the metric families the docs promise.
-    let r = c
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("ops-admin-m", true, 8))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        g.url("/v1/chat/completions"),
+        &chat_body("ops-admin-m", true, 8),
+    )
+    .await;
     let _ = r.text().await.unwrap();
     let text = c
         .get(g.admin_url("/metrics"))
@@ -110,12 +110,7 @@ async fn shutdown_goes_unready_first_then_closes_then_drains() {
     );
     let g = TestGateway::start_healthy(&toml).await;
     let addr = g.addr;
-    let mut stream = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", true, 40))
-        .send()
-        .await
-        .unwrap();
+    let mut stream = g.chat(&chat_body("m", true, 40)).await;
     let first = stream.chunk().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
 

@@ -141,28 +141,10 @@ async fn dashboard_renders_and_follows_traffic_in_chromium() {
 
     // Guarded like the other operations routes, and only on the admin listener.
     let c = client();
+    assert_eq!(get_status(&c, g.admin_url("/dashboard")).await, 401);
+    assert_eq!(get_status(&c, g.admin_url("/admin/summary")).await, 401);
     assert_eq!(
-        c.get(g.admin_url("/dashboard"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        401
-    );
-    assert_eq!(
-        c.get(g.admin_url("/admin/summary"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        401
-    );
-    assert_eq!(
-        c.get(g.url("/dashboard?token=dash-token"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        get_status(&c, g.url("/dashboard?token=dash-token")).await,
         404
     );
     let page = c
@@ -172,10 +154,7 @@ async fn dashboard_renders_and_follows_traffic_in_chromium() {
         .await
         .unwrap();
     assert_eq!(page.status(), 200);
-    let csp = page.headers()["content-security-policy"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let csp = header(&page, "content-security-policy").to_string();
     assert!(csp.contains("default-src 'none'"), "{csp}");
     let html = page.text().await.unwrap();
     assert!(
@@ -256,27 +235,11 @@ async fn dashboard_renders_and_follows_traffic_in_chromium() {
 #[tokio::test]
 async fn summary_json_describes_the_fleet() {
     let a = sim(SimKind::Vllm, &["m"]).await;
-    let g = TestGateway::start_healthy(&format!(
-        "{FAST_HEALTH}{}",
-        backend("a", "vllm", &a.url(), &["m"])
-    ))
-    .await;
+    let g = TestGateway::one_backend("a", "vllm", &a.url()).await;
     let c = client();
-    let r = c
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", true, 8))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&c, g.url("/v1/chat/completions"), &chat_body("m", true, 8)).await;
     let _ = r.text().await.unwrap();
-    let s: serde_json::Value = c
-        .get(g.url("/admin/summary"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let s: serde_json::Value = get_json(&c, g.url("/admin/summary")).await;
     let b = &s["backends"][0];
     assert_eq!(b["name"], "a");
     assert_eq!(b["kind"], "vllm");

@@ -4,6 +4,7 @@
 
 use crate::support;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +23,17 @@ fn reloads(result: &str) -> f64 {
 
 fn head(extra: &str) -> String {
     format!("[routing]\nexpose_backend_header = true\n[reload]\ninterval = \"50ms\"\n{FAST_HEALTH}{extra}")
+}
+
+/// A gateway started from `head(backends)` written to a file of its own (the directory lives
+/// as long as the returned guard).
+async fn from_file(backends: &str) -> (tempfile::TempDir, PathBuf, TestGateway) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.toml");
+    let v1 = head(backends);
+    std::fs::write(&path, &v1).unwrap();
+    let g = TestGateway::start_healthy(&v1).await;
+    (dir, path, g)
 }
 
 async fn served_by(url: &str, key: Option<&str>) -> (u16, String) {
@@ -50,21 +62,12 @@ async fn file_change_adds_removes_drains_and_rejects_bad_files() {
     )
     .await;
     let b = sim(SimKind::Vllm, &["m"]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("sluice.toml");
-    let v1 = head(&backend("a", "vllm", &a.url(), &["m"]));
-    std::fs::write(&path, &v1).unwrap();
-    let g = TestGateway::start_healthy(&v1).await;
+    let (_dir, path, g) = from_file(&backend("a", "vllm", &a.url(), &["m"])).await;
     let watch = sluice::app::reload::spawn_file_watch(Arc::downgrade(&g.gw), path.clone());
     let chat_url = g.url("/v1/chat/completions");
 
     // A stream on `a`, first chunk received.
-    let mut stream = client()
-        .post(&chat_url)
-        .json(&chat_body("m", true, 40))
-        .send()
-        .await
-        .unwrap();
+    let mut stream = post_json(&client(), &chat_url, &chat_body("m", true, 40)).await;
     assert_eq!(stream.status(), 200);
     assert_eq!(stream.headers()["x-sluice-backend"], "a");
     let first = stream.chunk().await.unwrap().unwrap();
@@ -155,11 +158,7 @@ async fn file_change_adds_removes_drains_and_rejects_bad_files() {
 #[tokio::test]
 async fn reload_now_reports_problems_and_keeps_the_old_config() {
     let b = sim(SimKind::Vllm, &["m"]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("sluice.toml");
-    let v1 = head(&backend("b", "vllm", &b.url(), &["m"]));
-    std::fs::write(&path, &v1).unwrap();
-    let g = TestGateway::start_healthy(&v1).await;
+    let (_dir, path, g) = from_file(&backend("b", "vllm", &b.url(), &["m"])).await;
     std::fs::write(&path, "[server]\nlisten = \"nowhere\"\n").unwrap();
     assert!(!sluice::app::reload::reload_now(&g.gw, &path));
     assert!(g.gw.runtime().fleet.get("b").is_some());

@@ -350,12 +350,7 @@ async fn https_backend_trusted_through_backend_tls_ca_file() {
         )
     );
     let g = TestGateway::start_healthy(&text).await;
-    let r = client()
-        .post(g.url("/v1/chat/completions"))
-        .json(&chat_body("m", false, 8))
-        .send()
-        .await
-        .unwrap();
+    let r = g.chat(&chat_body("m", false, 8)).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
     g.stop().await;
 }
@@ -384,15 +379,7 @@ async fn reload_switching_the_backend_ca_takes_effect() {
     let wrong_p = write(dir.path(), "wrong-ca.pem", &wrong.cert.pem());
     let right_p = write(dir.path(), "right-ca.pem", &right.cert.pem());
     let g = TestGateway::start(&text(&wrong_p)).await;
-    let chat = || async {
-        client()
-            .post(g.url("/v1/chat/completions"))
-            .json(&chat_body("m", false, 8))
-            .send()
-            .await
-            .unwrap()
-            .status()
-    };
+    let chat = || async { g.chat(&chat_body("m", false, 8)).await.status() };
     let last_error = || async {
         let v = g.admin_backends().await;
         v["backends"][0]["last_error"]

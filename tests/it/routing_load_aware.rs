@@ -20,17 +20,9 @@ fn timing(decode_base_ms: u64) -> Timing {
 }
 
 async fn served_by(gw: &TestGateway, body: &serde_json::Value) -> String {
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+    let r = gw.chat(body).await;
     assert_eq!(r.status(), 200);
-    let name = r.headers()["x-sluice-backend"]
-        .to_str()
-        .unwrap()
-        .to_string();
+    let name = header(&r, "x-sluice-backend").to_string();
     let _ = r.text().await.unwrap();
     name
 }
@@ -238,12 +230,7 @@ async fn cached_prompt_tokens_reach_the_client_unchanged() {
     let plain = sim_with(SimConfig::new(SimKind::Vllm, vec!["m".into()]).timing(fast())).await;
     let url = format!("{}/v1/chat/completions", plain.url());
     for q in ["first?", "second?"] {
-        let r = client()
-            .post(&url)
-            .json(&shared_prompt_body("m", false, q))
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(&client(), &url, &shared_prompt_body("m", false, q)).await;
         let u = usage_of(r, false).await;
         assert!(u["prompt_tokens_details"].is_null(), "{u}");
     }
@@ -336,12 +323,7 @@ async fn a_prompt_is_pending_prefill_until_its_first_token() {
         "max_tokens": 40,
         "messages": [{"role": "user", "content": "tell me about the handbook ".repeat(60)}]
     });
-    let mut r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut r = gw.chat(&body).await;
     assert_eq!(r.status(), 200);
     let admin = gw.admin_backends().await;
     let shown = &admin["backends"][0]["routing"]["gateway"];

@@ -9,7 +9,7 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use sluice::sim::SimKind;
-use support::{backend, client, metric, sim, TestGateway};
+use support::{backend, client, header, metric, sim, TestGateway};
 
 const LIMIT: u64 = 1_000_000;
 const MAX_TOKENS: u64 = 8;
@@ -45,11 +45,7 @@ async fn reserved(g: &TestGateway, key: &str, content: &str) -> (u64, u64, Durat
         .unwrap();
     let elapsed = started.elapsed();
     assert_eq!(r.status(), 200);
-    let remaining: u64 = r.headers()["x-ratelimit-remaining-tokens"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let remaining: u64 = header(&r, "x-ratelimit-remaining-tokens").parse().unwrap();
     let v: serde_json::Value = r.json().await.unwrap();
     let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
     (LIMIT - remaining, prompt, elapsed)

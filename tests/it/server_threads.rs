@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sluice::sim::SimKind;
 use support::process::isolated;
-use support::{backend, chat_body, eventually, metric, sim, sse_data, TestGateway};
+use support::{backend, chat_body, eventually, metric, post_json, sim, sse_data, TestGateway};
 
 const THREADS: usize = 3;
 
@@ -51,12 +51,7 @@ async fn connections_are_spread_over_the_threads_and_served_there() {
         })
         .collect();
     for c in &clients {
-        let r = c
-            .post(g.url("/v1/chat/completions"))
-            .json(&chat_body("m", false, 8))
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(c, g.url("/v1/chat/completions"), &chat_body("m", false, 8)).await;
         assert_eq!(r.status(), 200);
         let v: serde_json::Value = r.json().await.unwrap();
         assert_eq!(v["object"], "chat.completion");
@@ -74,21 +69,11 @@ async fn connections_are_spread_over_the_threads_and_served_there() {
     for c in clients.clone() {
         let url = g.url("/v1/chat/completions");
         tasks.push(tokio::spawn(async move {
-            let r = c
-                .post(&url)
-                .json(&chat_body("m", true, 16))
-                .send()
-                .await
-                .unwrap();
+            let r = post_json(&c, &url, &chat_body("m", true, 16)).await;
             assert_eq!(r.status(), 200);
             let events = sse_data(&r.text().await.unwrap());
             assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-            let r = c
-                .post(&url)
-                .json(&chat_body("m", false, 4))
-                .send()
-                .await
-                .unwrap();
+            let r = post_json(&c, &url, &chat_body("m", false, 4)).await;
             assert_eq!(r.status(), 200);
         }));
     }

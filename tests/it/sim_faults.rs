@@ -12,22 +12,17 @@ fn chat_body(max_tokens: u32, stream: bool) -> Value {
 }
 
 async fn chat(c: &reqwest::Client, url: &str, max_tokens: u32) -> (u16, String) {
-    let r = c
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&chat_body(max_tokens, false))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        c,
+        format!("{url}/v1/chat/completions"),
+        &chat_body(max_tokens, false),
+    )
+    .await;
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
 async fn health(c: &reqwest::Client, url: &str) -> u16 {
-    c.get(format!("{url}/health"))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    get_status(c, format!("{url}/health")).await.as_u16()
 }
 
 #[tokio::test]
@@ -53,14 +48,7 @@ async fn control_endpoint_validates_and_reports_state() {
     assert_eq!(s["counters"]["by_status"]["200"], 1);
     assert!(s["counters"]["tokens_out"].as_u64().unwrap() >= 2);
     assert!(s["counters"]["tokens_in"].as_u64().unwrap() > 0);
-    let f: Value = c
-        .get(format!("{url}/sim/fault"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let f: Value = get_json(&c, format!("{url}/sim/fault")).await;
     assert_eq!(f["mode"], "slow");
     let r = set_fault(&c, &url, json!({"mode":"healthy"})).await;
     assert_eq!(r.json::<Value>().await.unwrap()["mode"], "healthy");
@@ -157,12 +145,12 @@ async fn error_rate_per_engine() {
     let c = client();
     let tgi = start(SimKind::Tgi, &["m"], |c| c.speed(0.0)).await;
     set_fault(&c, &tgi.url(), json!({"mode":"error_rate"})).await;
-    let r = c
-        .post(format!("{}/generate", tgi.url()))
-        .json(&json!({"inputs":"x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/generate", tgi.url()),
+        &json!({"inputs":"x"}),
+    )
+    .await;
     assert_eq!(r.status(), 500);
     assert_eq!(
         r.json::<Value>().await.unwrap()["error_type"],
@@ -170,12 +158,12 @@ async fn error_rate_per_engine() {
     );
     let ol = start(SimKind::Ollama, &["m"], |c| c.speed(0.0)).await;
     set_fault(&c, &ol.url(), json!({"mode":"error_rate"})).await;
-    let r = c
-        .post(format!("{}/api/chat", ol.url()))
-        .json(&json!({"model":"m","messages":[{"role":"user","content":"x"}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/api/chat", ol.url()),
+        &json!({"model":"m","messages":[{"role":"user","content":"x"}]}),
+    )
+    .await;
     assert_eq!(r.status(), 500);
     assert!(r.json::<Value>().await.unwrap()["error"].is_string());
 }
@@ -186,12 +174,12 @@ async fn drop_midstream_cuts_the_connection_after_n_chunks() {
     let c = client();
     let url = sim.url();
     set_fault(&c, &url, json!({"mode":"drop_midstream","after_chunks":2})).await;
-    let mut r = c
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&chat_body(10, true))
-        .send()
-        .await
-        .unwrap();
+    let mut r = post_json(
+        &c,
+        format!("{url}/v1/chat/completions"),
+        &chat_body(10, true),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let mut got = Vec::new();
     let err = loop {
@@ -235,12 +223,12 @@ async fn overloaded_gives_each_engines_own_answer() {
     );
     let o = start(SimKind::Ollama, &["m"], |c| c.speed(0.0)).await;
     set_fault(&c, &o.url(), json!({"mode":"overloaded"})).await;
-    let r = c
-        .post(format!("{}/api/generate", o.url()))
-        .json(&json!({"model":"m","prompt":"x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/api/generate", o.url()),
+        &json!({"model":"m","prompt":"x"}),
+    )
+    .await;
     assert_eq!(r.status(), 503);
     assert_eq!(
         r.text().await.unwrap(),
@@ -266,14 +254,7 @@ async fn health_fail_keeps_inference_working() {
     assert_eq!(chat(&c, &t.url(), 2).await.0, 200);
     let o = start(SimKind::Ollama, &["m"], |c| c.speed(0.0)).await;
     set_fault(&c, &o.url(), json!({"mode":"health_fail"})).await;
-    assert_eq!(
-        c.get(format!("{}/", o.url()))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        503
-    );
+    assert_eq!(get_status(&c, format!("{}/", o.url())).await, 503);
 }
 
 #[tokio::test]
@@ -298,34 +279,17 @@ async fn loading_fails_then_recovers_by_itself() {
 async fn loading_on_ollama_unloads_and_the_next_request_pays_the_load() {
     let c = client();
     let o = start(SimKind::Ollama, &["m"], |c| c.speed(0.0).preloaded(true)).await;
-    let ps: Value = c
-        .get(format!("{}/api/ps", o.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ps: Value = get_json(&c, format!("{}/api/ps", o.url())).await;
     assert_eq!(ps["models"].as_array().unwrap().len(), 1);
     set_fault(&c, &o.url(), json!({"mode":"loading","seconds":0.4})).await;
-    let ps: Value = c
-        .get(format!("{}/api/ps", o.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ps: Value = get_json(&c, format!("{}/api/ps", o.url())).await;
     assert_eq!(ps["models"], json!([]));
-    let v: Value = c
-        .post(format!("{}/api/chat", o.url()))
-        .json(&json!({"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &c,
+        format!("{}/api/chat", o.url()),
+        &json!({"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}),
+    )
+    .await;
     assert!(v["load_duration"].as_u64().unwrap() >= 200_000_000, "{v}");
 }
 

@@ -17,23 +17,9 @@ async fn root_version_tags_show_and_no_metrics() {
     let r = c.get(format!("{}/", sim.url())).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().await.unwrap(), "Ollama is running");
-    let v: Value = c
-        .get(format!("{}/api/version", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get_json(&c, format!("{}/api/version", sim.url())).await;
     assert!(v["version"].is_string());
-    let t: Value = c
-        .get(format!("{}/api/tags", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let t: Value = get_json(&c, format!("{}/api/tags", sim.url())).await;
     let names: Vec<&str> = t["models"]
         .as_array()
         .unwrap()
@@ -46,40 +32,32 @@ async fn root_version_tags_show_and_no_metrics() {
     assert_eq!(m["digest"].as_str().unwrap().len(), 64);
     assert_eq!(m["details"]["format"], "gguf");
     assert!(m["modified_at"].as_str().unwrap().ends_with('Z'));
-    let r = c
-        .get(format!("{}/metrics", sim.url()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 404);
-    let s: Value = c
-        .post(format!("{}/api/show", sim.url()))
-        .json(&json!({"model":"llama3.2"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    assert_eq!(get_status(&c, format!("{}/metrics", sim.url())).await, 404);
+    let s: Value = post_for_json(
+        &c,
+        format!("{}/api/show", sim.url()),
+        &json!({"model":"llama3.2"}),
+    )
+    .await;
     assert_eq!(s["model_info"]["llama.context_length"], 4096);
-    let r = c
-        .post(format!("{}/api/show", sim.url()))
-        .json(&json!({"model":"nope"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/api/show", sim.url()),
+        &json!({"model":"nope"}),
+    )
+    .await;
     assert_eq!(r.status(), 404);
 }
 
 #[tokio::test]
 async fn native_chat_streams_ndjson_by_default() {
     let sim = start(SimKind::Ollama, &["llama3.2"], |c| c.speed(0.0)).await;
-    let r = client()
-        .post(format!("{}/api/chat", sim.url()))
-        .json(&json!({"model":"llama3.2","messages":[{"role":"user","content":"hi"}],"options":{"num_predict":4}}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &client(),
+        format!("{}/api/chat", sim.url()),
+        &json!({"model":"llama3.2","messages":[{"role":"user","content":"hi"}],"options":{"num_predict":4}}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "application/x-ndjson");
     let raw = r.text().await.unwrap();
@@ -123,15 +101,12 @@ async fn native_chat_streams_ndjson_by_default() {
 async fn native_generate_non_stream_and_errors() {
     let sim = start(SimKind::Ollama, &["llama3.2"], |c| c.speed(0.0)).await;
     let c = client();
-    let v: Value = c
-        .post(format!("{}/api/generate", sim.url()))
-        .json(&json!({"model":"llama3.2:latest","prompt":"hi","stream":false,"options":{"num_predict":3}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &c,
+        format!("{}/api/generate", sim.url()),
+        &json!({"model":"llama3.2:latest","prompt":"hi","stream":false,"options":{"num_predict":3}}),
+    )
+    .await;
     assert_eq!(v["done"], true);
     assert_eq!(v["eval_count"], 3);
     assert!(v["context"].is_array());
@@ -139,23 +114,23 @@ async fn native_generate_non_stream_and_errors() {
         v["response"].as_str().unwrap().split_whitespace().count(),
         3
     );
-    let r = c
-        .post(format!("{}/api/chat", sim.url()))
-        .json(&json!({"model":"foo","messages":[{"role":"user","content":"x"}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/api/chat", sim.url()),
+        &json!({"model":"foo","messages":[{"role":"user","content":"x"}]}),
+    )
+    .await;
     assert_eq!(r.status(), 404);
     assert_eq!(
         r.text().await.unwrap(),
         r#"{"error":"model 'foo' not found"}"#
     );
-    let r = c
-        .post(format!("{}/api/chat", sim.url()))
-        .json(&json!({"messages":[]}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/api/chat", sim.url()),
+        &json!({"messages":[]}),
+    )
+    .await;
     assert_eq!(r.status(), 400);
     assert_eq!(r.text().await.unwrap(), r#"{"error":"model is required"}"#);
     let r = c
@@ -169,25 +144,19 @@ async fn native_generate_non_stream_and_errors() {
         r#"{"error":"missing request body"}"#
     );
     // empty request: load only
-    let v: Value = c
-        .post(format!("{}/api/generate", sim.url()))
-        .json(&json!({"model":"llama3.2"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &c,
+        format!("{}/api/generate", sim.url()),
+        &json!({"model":"llama3.2"}),
+    )
+    .await;
     assert_eq!(v["done_reason"], "load");
-    let e: Value = c
-        .post(format!("{}/api/embed", sim.url()))
-        .json(&json!({"model":"llama3.2","input":["a","b"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let e: Value = post_for_json(
+        &c,
+        format!("{}/api/embed", sim.url()),
+        &json!({"model":"llama3.2","input":["a","b"]}),
+    )
+    .await;
     assert_eq!(e["embeddings"].as_array().unwrap().len(), 2);
     assert!(e["prompt_eval_count"].as_u64().unwrap() > 0);
 }
@@ -196,15 +165,12 @@ async fn native_generate_non_stream_and_errors() {
 async fn openai_surface_quirks() {
     let sim = start(SimKind::Ollama, &["llama3.2"], |c| c.speed(0.0)).await;
     let c = client();
-    let v: Value = c
-        .post(format!("{}/v1/chat/completions", sim.url()))
-        .json(&json!({"model":"llama3.2","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"max_completion_tokens":1}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &c,
+        format!("{}/v1/chat/completions", sim.url()),
+        &json!({"model":"llama3.2","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"max_completion_tokens":1}),
+    )
+    .await;
     let id = v["id"].as_str().unwrap();
     let n: u32 = id.strip_prefix("chatcmpl-").unwrap().parse().unwrap();
     assert!(n < 999);
@@ -213,12 +179,12 @@ async fn openai_surface_quirks() {
     // max_completion_tokens is ignored; max_tokens is honoured
     assert_eq!(v["usage"]["completion_tokens"], 3);
     assert_eq!(v["choices"][0]["finish_reason"], "length");
-    let raw = c
-        .post(format!("{}/v1/chat/completions", sim.url()))
-        .json(&json!({"model":"llama3.2","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true,"stream_options":{"include_usage":true}}))
-        .send()
-        .await
-        .unwrap()
+    let raw = post_json(
+        &c,
+        format!("{}/v1/chat/completions", sim.url()),
+        &json!({"model":"llama3.2","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true,"stream_options":{"include_usage":true}}),
+    )
+    .await
         .text()
         .await
         .unwrap();
@@ -238,22 +204,13 @@ async fn openai_surface_quirks() {
         .unwrap()
         .get("usage")
         .is_none());
-    let m: Value = c
-        .get(format!("{}/v1/models", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let m: Value = get_json(&c, format!("{}/v1/models", sim.url())).await;
     assert_eq!(m["data"][0]["id"], "llama3.2:latest");
     assert_eq!(m["data"][0]["owned_by"], "library");
-    let r = c
-        .get(format!("{}/v1/models/llama3.2", sim.url()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(
+        get_status(&c, format!("{}/v1/models/llama3.2", sim.url())).await,
+        200
+    );
     let r = c
         .get(format!("{}/v1/models/nope", sim.url()))
         .send()
@@ -264,15 +221,12 @@ async fn openai_surface_quirks() {
         r.json::<Value>().await.unwrap()["error"]["type"],
         "not_found_error"
     );
-    let e: Value = c
-        .post(format!("{}/v1/embeddings", sim.url()))
-        .json(&json!({"model":"llama3.2","input":"x"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let e: Value = post_for_json(
+        &c,
+        format!("{}/v1/embeddings", sim.url()),
+        &json!({"model":"llama3.2","input":"x"}),
+    )
+    .await;
     assert_eq!(e["data"][0]["object"], "embedding");
 }
 
@@ -289,29 +243,19 @@ async fn residency_load_time_and_ps() {
     })
     .await;
     let c = client();
-    let ps: Value = c
-        .get(format!("{}/api/ps", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ps: Value = get_json(&c, format!("{}/api/ps", sim.url())).await;
     assert_eq!(ps["models"], json!([]));
     let ask = || {
         let c = c.clone();
         let url = format!("{}/api/chat", sim.url());
         async move {
             let t = Instant::now();
-            let v: Value = c
-                .post(url)
-                .json(&json!({"model":"a","messages":[{"role":"user","content":"x"}],"stream":false,"options":{"num_predict":2}}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v: Value = post_for_json(
+                &c,
+                url,
+                &json!({"model":"a","messages":[{"role":"user","content":"x"}],"stream":false,"options":{"num_predict":2}}),
+            )
+            .await;
             (t.elapsed(), v["load_duration"].as_u64().unwrap())
         }
     };
@@ -320,14 +264,7 @@ async fn residency_load_time_and_ps() {
     assert!(load_cold >= 300_000_000, "cold load_duration {load_cold}");
     assert!(cold >= Duration::from_millis(300));
     assert!(load_warm < 100_000_000, "warm load_duration {load_warm}");
-    let ps: Value = c
-        .get(format!("{}/api/ps", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ps: Value = get_json(&c, format!("{}/api/ps", sim.url())).await;
     let names: Vec<&str> = ps["models"]
         .as_array()
         .unwrap()
@@ -375,23 +312,23 @@ async fn busy_503_past_the_pending_queue() {
         async move { (state(&c, &url).await["waiting"] == 1).then_some(()) }
     })
     .await;
-    let r = c
-        .post(format!("{url}/api/chat"))
-        .json(&json!({"model":"a","messages":[{"role":"user","content":"x"}],"stream":false}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{url}/api/chat"),
+        &json!({"model":"a","messages":[{"role":"user","content":"x"}],"stream":false}),
+    )
+    .await;
     assert_eq!(r.status(), 503);
     assert_eq!(
         r.text().await.unwrap(),
         r#"{"error":"server busy, please try again.  maximum pending requests exceeded"}"#
     );
-    let r = c
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&json!({"model":"a","messages":[{"role":"user","content":"x"}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{url}/v1/chat/completions"),
+        &json!({"model":"a","messages":[{"role":"user","content":"x"}]}),
+    )
+    .await;
     assert_eq!(r.status(), 503);
     assert_eq!(
         r.json::<Value>().await.unwrap()["error"]["type"],

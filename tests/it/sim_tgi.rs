@@ -11,14 +11,7 @@ async fn health_info_models() {
     let r = c.get(format!("{}/health", sim.url())).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().await.unwrap(), "");
-    let info: Value = c
-        .get(format!("{}/info", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info: Value = get_json(&c, format!("{}/info", sim.url())).await;
     assert_eq!(
         keys(&info.to_string()).len(),
         14,
@@ -30,14 +23,7 @@ async fn health_info_models() {
     assert_eq!(info["max_input_tokens"], 8191);
     assert_eq!(info["router"], "text-generation-router");
     assert_eq!(info["version"], "3.3.6-dev0");
-    let m: Value = c
-        .get(format!("{}/v1/models", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let m: Value = get_json(&c, format!("{}/v1/models", sim.url())).await;
     assert_eq!(
         m,
         json!({"object":"list","data":[{"id":"bigscience/bloom-560m","object":"model","created":0,"owned_by":"bigscience/bloom-560m"}]})
@@ -48,12 +34,12 @@ async fn health_info_models() {
 async fn generate_and_details() {
     let sim = start(SimKind::Tgi, &["m"], |c| c.speed(0.0)).await;
     let c = client();
-    let r = c
-        .post(format!("{}/generate", sim.url()))
-        .json(&json!({"inputs":"Hello","parameters":{"max_new_tokens":5,"details":true,"seed":42}}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/generate", sim.url()),
+        &json!({"inputs":"Hello","parameters":{"max_new_tokens":5,"details":true,"seed":42}}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-generated-tokens"], "5");
     assert!(r.headers().contains_key("x-prompt-tokens"));
@@ -72,15 +58,12 @@ async fn generate_and_details() {
         .collect();
     assert_eq!(v["generated_text"], text.as_str());
     // no details: just the text; POST / wraps it in an array
-    let v: Value = c
-        .post(format!("{}/", sim.url()))
-        .json(&json!({"inputs":"Hello","parameters":{"max_new_tokens":3}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &c,
+        format!("{}/", sim.url()),
+        &json!({"inputs":"Hello","parameters":{"max_new_tokens":3}}),
+    )
+    .await;
     assert!(v.as_array().unwrap()[0]["generated_text"].is_string());
     assert!(v[0].get("details").is_none());
 }
@@ -88,12 +71,12 @@ async fn generate_and_details() {
 #[tokio::test]
 async fn generate_stream_framing_has_no_space_and_no_done() {
     let sim = start(SimKind::Tgi, &["m"], |c| c.speed(0.0)).await;
-    let r = client()
-        .post(format!("{}/generate_stream", sim.url()))
-        .json(&json!({"inputs":"Hello","parameters":{"max_new_tokens":3}}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &client(),
+        format!("{}/generate_stream", sim.url()),
+        &json!({"inputs":"Hello","parameters":{"max_new_tokens":3}}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     assert_eq!(r.headers()["x-accel-buffering"], "no");
@@ -138,37 +121,31 @@ async fn generate_stream_framing_has_no_space_and_no_done() {
 async fn chat_quirks_empty_id_model_echo_done_without_space() {
     let sim = start(SimKind::Tgi, &["m"], |c| c.speed(0.0)).await;
     let c = client();
-    let v: Value = c
-        .post(format!("{}/v1/chat/completions", sim.url()))
-        .json(&json!({"model":"whatever-you-say","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":4}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &c,
+        format!("{}/v1/chat/completions", sim.url()),
+        &json!({"model":"whatever-you-say","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":4}),
+    )
+    .await;
     assert_eq!(v["id"], "");
     assert_eq!(v["model"], "whatever-you-say");
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["system_fingerprint"], "3.3.6-dev0-native");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["completion_tokens"], 4);
-    let v: Value = c
-        .post(format!("{}/v1/chat/completions", sim.url()))
-        .json(&json!({"model":"tgi","messages":[{"role":"user","content":"hi"}],"max_tokens":2}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &c,
+        format!("{}/v1/chat/completions", sim.url()),
+        &json!({"model":"tgi","messages":[{"role":"user","content":"hi"}],"max_tokens":2}),
+    )
+    .await;
     assert_eq!(v["model"], "m");
-    let raw = c
-        .post(format!("{}/v1/chat/completions", sim.url()))
-        .json(&json!({"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}))
-        .send()
-        .await
-        .unwrap()
+    let raw = post_json(
+        &c,
+        format!("{}/v1/chat/completions", sim.url()),
+        &json!({"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}),
+    )
+    .await
         .text()
         .await
         .unwrap();
@@ -197,54 +174,47 @@ async fn overload_429_and_in_stream_error() {
     .await;
     let c = client();
     // hold the only permit with a long stream
-    let hold = c
-        .post(format!("{}/generate_stream", sim.url()))
-        .json(&json!({"inputs":"long","parameters":{"max_new_tokens":200}}))
-        .send()
-        .await
-        .unwrap();
+    let hold = post_json(
+        &c,
+        format!("{}/generate_stream", sim.url()),
+        &json!({"inputs":"long","parameters":{"max_new_tokens":200}}),
+    )
+    .await;
     assert_eq!(hold.status(), 200);
-    let r = c
-        .post(format!("{}/generate", sim.url()))
-        .json(&json!({"inputs":"x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/generate", sim.url()),
+        &json!({"inputs":"x"}),
+    )
+    .await;
     assert_eq!(r.status(), 429);
     assert_eq!(
         r.text().await.unwrap(),
         r#"{"error":"Model is overloaded","error_type":"overloaded"}"#
     );
-    let r = c
-        .post(format!("{}/generate_stream", sim.url()))
-        .json(&json!({"inputs":"x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/generate_stream", sim.url()),
+        &json!({"inputs":"x"}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.text().await.unwrap(),
         "data:{\"error\":\"Model is overloaded\",\"error_type\":\"overloaded\"}\n\n"
     );
-    let r = c
-        .post(format!("{}/v1/chat/completions", sim.url()))
-        .json(&json!({"messages":[{"role":"user","content":"x"}],"stream":true}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/v1/chat/completions", sim.url()),
+        &json!({"messages":[{"role":"user","content":"x"}],"stream":true}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.text().await.unwrap(),
         "data:{\"error\":{\"message\":\"Model is overloaded\",\"http_status_code\":422}}\n\ndata:[DONE]\n\n"
     );
-    let m = c
-        .get(format!("{}/metrics", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = get_text(&c, format!("{}/metrics", sim.url())).await;
     assert!(
         m.contains("tgi_request_failure{err=\"overloaded\"} 3"),
         "{m}"
@@ -265,12 +235,12 @@ async fn overload_429_and_in_stream_error() {
 async fn validation_and_bad_json() {
     let sim = start(SimKind::Tgi, &["m"], |c| c.speed(0.0).max_model_len(100)).await;
     let c = client();
-    let r = c
-        .post(format!("{}/generate", sim.url()))
-        .json(&json!({"inputs":"x","parameters":{"max_new_tokens":200}}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/generate", sim.url()),
+        &json!({"inputs":"x","parameters":{"max_new_tokens":200}}),
+    )
+    .await;
     assert_eq!(r.status(), 422);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error_type"], "validation");
@@ -278,12 +248,12 @@ async fn validation_and_bad_json() {
         .as_str()
         .unwrap()
         .starts_with("`inputs` tokens + `max_new_tokens` must be <= 100."));
-    let r = c
-        .post(format!("{}/generate", sim.url()))
-        .json(&json!({"inputs":"x","parameters":{"max_new_tokens":0}}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &c,
+        format!("{}/generate", sim.url()),
+        &json!({"inputs":"x","parameters":{"max_new_tokens":0}}),
+    )
+    .await;
     assert_eq!(
         r.json::<Value>().await.unwrap()["error"],
         "`max_new_tokens` must be strictly positive"
@@ -308,15 +278,12 @@ async fn validation_and_bad_json() {
         .await
         .unwrap();
     assert_eq!(r.status(), 415);
-    let t: Value = c
-        .post(format!("{}/tokenize", sim.url()))
-        .json(&json!({"inputs":"Hello world"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let t: Value = post_for_json(
+        &c,
+        format!("{}/tokenize", sim.url()),
+        &json!({"inputs":"Hello world"}),
+    )
+    .await;
     assert_eq!(t.as_array().unwrap().len(), 4);
     assert_eq!(keys(&t[0].to_string()), ["id", "start", "stop", "text"]);
 }

@@ -25,12 +25,12 @@ fn words(n: usize) -> String {
 /// Time to the first streamed chunk of a chat completion.
 async fn ttft(c: &reqwest::Client, url: &str, prompt: &str, max_tokens: u32) -> Duration {
     let t = Instant::now();
-    let mut r = c
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&json!({"messages":[{"role":"user","content":prompt}],"max_tokens":max_tokens,"stream":true}))
-        .send()
-        .await
-        .unwrap();
+    let mut r = post_json(
+        c,
+        format!("{url}/v1/chat/completions"),
+        &json!({"messages":[{"role":"user","content":prompt}],"max_tokens":max_tokens,"stream":true}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let first = r.chunk().await.unwrap();
     let elapsed = t.elapsed();
@@ -105,14 +105,7 @@ async fn ttft_grows_with_queue_depth_and_batch_limit_holds() {
     for _ in 0..5 {
         let s = state(&c, &url).await;
         assert!(s["running"].as_u64().unwrap() <= 2);
-        let m = c
-            .get(format!("{url}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = get_text(&c, format!("{url}/metrics")).await;
         let line = m
             .lines()
             .find(|l| l.starts_with("vllm:num_requests_running{"))
@@ -120,14 +113,7 @@ async fn ttft_grows_with_queue_depth_and_batch_limit_holds() {
         let v: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
         assert!(v <= 2.0, "{line}");
     }
-    let m = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = get_text(&c, format!("{url}/metrics")).await;
     assert!(
         m.lines()
             .any(|l| l.starts_with("vllm:num_requests_waiting{") && !l.ends_with(" 0.0")),
@@ -162,14 +148,7 @@ async fn requests_wait_while_the_kv_cache_is_full() {
     let s = wait_state(&c, &url, |s| s["running"] == 1 && s["waiting"] == 2).await;
     assert!(s["models"][0]["kv_usage"].as_f64().unwrap() > 0.0);
     assert!(s["models"][0]["kv_reserved_tokens"].as_u64().unwrap() <= 120);
-    let m = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = get_text(&c, format!("{url}/metrics")).await;
     let line = m
         .lines()
         .find(|l| l.starts_with("vllm:kv_cache_usage_perc{"))
@@ -200,14 +179,7 @@ async fn a_repeated_prefix_hits_the_cache_and_prefills_faster() {
     let hits = s["models"][0]["prefix_cache_hits"].as_u64().unwrap();
     assert!(hits >= 384, "hits {hits}");
     assert_eq!(s["counters"]["prefix_cache_hits"].as_u64().unwrap(), hits);
-    let m = c
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = get_text(&c, format!("{url}/metrics")).await;
     let line = m
         .lines()
         .find(|l| l.starts_with("vllm:prefix_cache_hits_total{"))
@@ -226,15 +198,12 @@ async fn tokens_arrive_one_decode_step_apart() {
     .await;
     let c = client();
     let t = Instant::now();
-    let v: Value = c
-        .post(format!("{}/v1/chat/completions", sim.url()))
-        .json(&json!({"messages":[{"role":"user","content":"x"}],"max_tokens":10}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &c,
+        format!("{}/v1/chat/completions", sim.url()),
+        &json!({"messages":[{"role":"user","content":"x"}],"max_tokens":10}),
+    )
+    .await;
     assert_eq!(v["usage"]["completion_tokens"], 10);
     // 10 steps of 20 ms
     assert!(
@@ -249,15 +218,12 @@ async fn speed_zero_answers_at_once_even_for_long_answers() {
     let sim = start(SimKind::Vllm, &["m"], |c: SimConfig| c.speed(0.0)).await;
     let c = client();
     let t = Instant::now();
-    let v: Value = c
-        .post(format!("{}/v1/chat/completions", sim.url()))
-        .json(&json!({"messages":[{"role":"user","content":"x"}],"max_tokens":2000}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &c,
+        format!("{}/v1/chat/completions", sim.url()),
+        &json!({"messages":[{"role":"user","content":"x"}],"max_tokens":2000}),
+    )
+    .await;
     assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 16);
     assert!(t.elapsed() < Duration::from_secs(2));
 }

@@ -32,14 +32,7 @@ async fn models_match_the_capture_shape() {
         c.speed(0.0).max_model_len(1024)
     })
     .await;
-    let body = client()
-        .get(format!("{}/v1/models", sim.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = get_text(&client(), format!("{}/v1/models", sim.url())).await;
     let cap = fixture_body("models.http");
     let k = keys(&body);
     let one = keys(&cap);
@@ -69,12 +62,12 @@ async fn models_match_the_capture_shape() {
 #[tokio::test]
 async fn chat_non_stream_matches_the_capture() {
     let sim = start(SimKind::Vllm, &["tiny"], |c| c.speed(0.0)).await;
-    let r = client()
-        .post(format!("{}/v1/chat/completions", sim.url()))
-        .json(&json!({"model":"tiny","messages":[{"role":"user","content":"Hello there"}],"max_tokens":8}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &client(),
+        format!("{}/v1/chat/completions", sim.url()),
+        &json!({"model":"tiny","messages":[{"role":"user","content":"Hello there"}],"max_tokens":8}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "application/json");
     assert_eq!(r.headers()["server"], "uvicorn");
@@ -103,15 +96,15 @@ async fn chat_non_stream_matches_the_capture() {
 #[tokio::test]
 async fn completions_match_the_capture() {
     let sim = start(SimKind::Vllm, &["tiny"], |c| c.speed(0.0)).await;
-    let body = client()
-        .post(format!("{}/v1/completions", sim.url()))
-        .json(&json!({"model":"tiny","prompt":"Hi","max_tokens":5}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = post_json(
+        &client(),
+        format!("{}/v1/completions", sim.url()),
+        &json!({"model":"tiny","prompt":"Hi","max_tokens":5}),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
     assert_eq!(keys(&body), keys(&fixture_body("completions.http")));
     let v: Value = serde_json::from_str(&body).unwrap();
     assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
@@ -121,12 +114,7 @@ async fn completions_match_the_capture() {
 }
 
 async fn stream_raw(url: &str, body: Value) -> (reqwest::header::HeaderMap, String) {
-    let r = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&client(), format!("{url}/v1/chat/completions"), &body).await;
     assert_eq!(r.status(), 200);
     let h = r.headers().clone();
     (h, r.text().await.unwrap())
@@ -228,12 +216,12 @@ async fn errors_match_the_capture_bytes() {
 #[tokio::test]
 async fn unknown_model_lists_every_alias() {
     let sim = start(SimKind::Vllm, &["a", "b"], |c| c.speed(0.0)).await;
-    let r = client()
-        .post(format!("{}/v1/chat/completions", sim.url()))
-        .json(&json!({"model":"x","messages":[]}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(
+        &client(),
+        format!("{}/v1/chat/completions", sim.url()),
+        &json!({"model":"x","messages":[]}),
+    )
+    .await;
     assert_eq!(r.status(), 404);
     let v: Value = r.json().await.unwrap();
     assert_eq!(
@@ -298,15 +286,12 @@ async fn same_seed_same_text() {
         let c = c.clone();
         let url = format!("{}/v1/chat/completions", sim.url());
         async move {
-            let v: Value = c
-                .post(url)
-                .json(&json!({"messages":[{"role":"user","content":"same"}],"max_tokens":20,"seed":seed}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v: Value = post_for_json(
+                &c,
+                url,
+                &json!({"messages":[{"role":"user","content":"same"}],"max_tokens":20,"seed":seed}),
+            )
+            .await;
             v["choices"][0]["message"]["content"]
                 .as_str()
                 .unwrap()
@@ -325,54 +310,42 @@ async fn tokenize_agrees_with_usage() {
     .await;
     let c = client();
     let msgs = json!([{"role":"user","content":"How many tokens is this prompt?"}]);
-    let t: Value = c
-        .post(format!("{}/tokenize", sim.url()))
-        .json(&json!({"model":"tiny","messages":msgs}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let t: Value = post_for_json(
+        &c,
+        format!("{}/tokenize", sim.url()),
+        &json!({"model":"tiny","messages":msgs}),
+    )
+    .await;
     assert_eq!(keys(&t.to_string()).len(), 4);
     assert_eq!(t["max_model_len"], 1024);
     assert_eq!(t["token_strs"], Value::Null);
     let n = t["count"].as_u64().unwrap();
     assert_eq!(t["tokens"].as_array().unwrap().len() as u64, n);
-    let v: Value = c
-        .post(format!("{}/v1/chat/completions", sim.url()))
-        .json(&json!({"model":"tiny","messages":msgs,"max_tokens":1}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &c,
+        format!("{}/v1/chat/completions", sim.url()),
+        &json!({"model":"tiny","messages":msgs,"max_tokens":1}),
+    )
+    .await;
     assert_eq!(v["usage"]["prompt_tokens"].as_u64().unwrap(), n);
-    let d: Value = c
-        .post(format!("{}/detokenize", sim.url()))
-        .json(&json!({"tokens":[1000, 1001]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let d: Value = post_for_json(
+        &c,
+        format!("{}/detokenize", sim.url()),
+        &json!({"tokens":[1000, 1001]}),
+    )
+    .await;
     assert_eq!(d, json!({"prompt":" the a"}));
 }
 
 #[tokio::test]
 async fn embeddings_have_the_openai_shape() {
     let sim = start(SimKind::Vllm, &["tiny"], |c| c.speed(0.0)).await;
-    let v: Value = client()
-        .post(format!("{}/v1/embeddings", sim.url()))
-        .json(&json!({"model":"tiny","input":["a b","c"]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_for_json(
+        &client(),
+        format!("{}/v1/embeddings", sim.url()),
+        &json!({"model":"tiny","input":["a b","c"]}),
+    )
+    .await;
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"].as_array().unwrap().len(), 2);
     assert_eq!(v["data"][1]["index"], 1);

@@ -15,6 +15,17 @@ struct Answer {
     body: String,
 }
 
+impl Answer {
+    /// The status and the body are the capture's, byte for byte.
+    #[track_caller]
+    fn assert_is(&self, status: u16, fixture: &str) {
+        assert_eq!(
+            (self.status, self.body.as_str()),
+            (status, fixture_body(fixture).as_str())
+        );
+    }
+}
+
 async fn post(url: &str, path: &str, body: Value) -> Answer {
     let r = client()
         .post(format!("{url}{path}"))
@@ -158,10 +169,7 @@ async fn responses_whole_matches_the_capture() {
         json!({"model":"nope","input":"x"}),
     )
     .await;
-    assert_eq!(
-        (a.status, a.body.as_str()),
-        (404, fixture_body("error-unknown-model.http").as_str())
-    );
+    a.assert_is(404, "error-unknown-model.http");
 }
 
 #[tokio::test]
@@ -239,10 +247,7 @@ async fn without_the_store_background_is_the_captured_400_and_nothing_is_kept() 
         json!({"model":"tiny","input":"Hello","background":true}),
     )
     .await;
-    assert_eq!(
-        (a.status, a.body.as_str()),
-        (400, fixture_body("responses-background.http").as_str())
-    );
+    a.assert_is(400, "responses-background.http");
     // store defaults to true but is silently off: the answer is not kept
     let a = post(&sim.url(), "/v1/responses", json!({"input":"Hello"})).await;
     let id = v(&a.body)["id"].as_str().unwrap().to_string();
@@ -322,13 +327,7 @@ async fn the_store_keeps_responses_and_continues_conversations() {
         json!({"model":"tiny","input":"x","previous_response_id":"resp_doesnotexist"}),
     )
     .await;
-    assert_eq!(
-        (a.status, a.body.as_str()),
-        (
-            404,
-            fixture_body("store-responses-previous-unknown.http").as_str()
-        )
-    );
+    a.assert_is(404, "store-responses-previous-unknown.http");
     let (s, body) = get(&url, "/v1/responses/resp_doesnotexist").await;
     assert_eq!(
         (s, body.as_str()),
@@ -581,39 +580,21 @@ async fn messages_errors_keep_vllms_two_shapes() {
         json!({"model":"nope","max_tokens":5,"messages":[{"role":"user","content":"x"}]}),
     )
     .await;
-    assert_eq!(
-        (a.status, a.body.as_str()),
-        (
-            404,
-            fixture_body("messages-error-unknown-model.http").as_str()
-        )
-    );
+    a.assert_is(404, "messages-error-unknown-model.http");
     let a = post(
         &sim.url(),
         "/v1/messages",
         json!({"model":"tiny","messages":[{"role":"user","content":"x"}]}),
     )
     .await;
-    assert_eq!(
-        (a.status, a.body.as_str()),
-        (
-            400,
-            fixture_body("messages-error-no-max-tokens.http").as_str()
-        )
-    );
+    a.assert_is(400, "messages-error-no-max-tokens.http");
     let a = post(
         &sim.url(),
         "/v1/messages/count_tokens",
         json!({"model":"nope","messages":[]}),
     )
     .await;
-    assert_eq!(
-        (a.status, a.body.as_str()),
-        (
-            404,
-            fixture_body("messages-error-unknown-model.http").as_str()
-        )
-    );
+    a.assert_is(404, "messages-error-unknown-model.http");
 }
 
 #[tokio::test]
@@ -697,12 +678,7 @@ async fn faults_apply_to_the_new_paths() {
         ("/v1/responses", resp, "response.completed"),
         ("/v1/messages", msg, "message_stop"),
     ] {
-        let r = c
-            .post(format!("{url}{path}"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(&c, format!("{url}{path}"), &body).await;
         assert_eq!(r.status(), 200);
         let mut r = r;
         let mut got = Vec::new();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use sluice::sim::{Fault, FaultMode, SimConfig, SimKind};
-use support::{backend, chat_body, client, sse_data, TestGateway};
+use support::{backend, chat_body, client, get_json, get_text, header, sse_data, TestGateway};
 
 fn key_block(name: &str, tenant: &str, extra: &str) -> (String, String) {
     let (key, hash) = sluice::auth::mint();
@@ -69,11 +69,7 @@ async fn requests_per_window_exact_under_concurrency() {
         assert!(h.contains_key("x-ratelimit-reset-requests"));
     }
     let r = limited[0];
-    let after: u64 = r.headers()["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let after: u64 = header(r, "retry-after").parse().unwrap();
     assert!((1..=3).contains(&after), "retry-after {after}");
     assert_eq!(r.headers()["x-ratelimit-remaining-requests"], "0");
     let r = post(&c, &gw, &key, chat_body("m", false, 5)).await;
@@ -156,11 +152,7 @@ async fn token_burst_bounded_and_failures_refunded() {
     // Reconciled: the real usage was ~30 tokens each, so the rest came back.
     let r = post(&c, &gw, &key, chat_body("m", false, 300)).await;
     assert_eq!(r.status(), 200);
-    let remaining: u64 = r.headers()["x-ratelimit-remaining-tokens"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let remaining: u64 = header(&r, "x-ratelimit-remaining-tokens").parse().unwrap();
     assert!(remaining >= 300, "remaining {remaining}");
 
     // A backend error refunds the whole reservation: 10 failures in a row never hit the limit.
@@ -235,38 +227,17 @@ async fn streaming_usage_stripped_or_kept_and_always_counted() {
     support::eventually(Duration::from_secs(3), "usage counted", move || {
         let c = c2.clone();
         async move {
-            let v: serde_json::Value = c
-                .get(gw_ref.admin_url("/admin/usage"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v: serde_json::Value = get_json(&c, gw_ref.admin_url("/admin/usage")).await;
             let t = &v["tenants"]["streamers"];
             t["requests"] == 2 && t["total_tokens"].as_u64().unwrap_or(0) > asked_total
         }
     })
     .await;
-    let v: serde_json::Value = c
-        .get(gw.admin_url("/admin/usage"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: serde_json::Value = get_json(&c, gw.admin_url("/admin/usage")).await;
     assert_eq!(v["rows"][0]["backend"], "gpu");
     assert_eq!(v["rows"][0]["key"], "s");
     assert_eq!(v["rows"][0]["model"], "m");
-    let metrics = c
-        .get(gw.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, gw.admin_url("/metrics")).await;
     // This gateway's own series (backend `gpu` is this test's alone): the recorder is
     // process-wide.
     assert!(

@@ -3,11 +3,11 @@
 
 use crate::support;
 
-use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice::sim::{SimConfig, SimKind};
+use support::process::output_of;
 use support::{backend, client, eventually, free_port, TestGateway};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,19 +63,7 @@ async fn no_key_or_prompt_in_the_logs() {
     }
     let _ = child.kill();
     let _ = child.wait();
-    let mut logs = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .unwrap();
+    let logs = output_of(&mut child);
     assert!(logs.contains("request"), "no access log captured: {logs}");
     let secret = &key["sk-sluice-".len()..];
     assert!(!logs.contains(secret), "a key reached the logs");

@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use http::Uri;
 
-use super::{at_least, duration, secret, Problems};
+use super::{at_least, duration, secret, unique_name, Problems};
 use crate::config::env::{expand, Env};
 use crate::config::file::{BackendSection, ModelSection, TimeoutsSection};
 use crate::config::runtime::{BackendConfig, BackendKind, ModelConfig, PolicyKind, Timeouts};
@@ -70,14 +70,7 @@ pub(super) fn backends(
     let mut backends = Vec::new();
     for (i, b) in list.iter().enumerate() {
         let at = format!("backends[{i}]");
-        if b.name.trim().is_empty() {
-            p.push(format!("{at}.name"), "is empty");
-        } else if !names.insert(b.name.clone()) {
-            p.push(
-                format!("{at}.name"),
-                format!("`{}` is used by another backend", b.name),
-            );
-        }
+        unique_name(p, &mut names, &at, &b.name, "backend");
         backends.push(backend(p, &at, b, base, env));
     }
     backends

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::{duration_at_least, secret, Problems};
+use super::{duration_at_least, secret, unique_name, Problems};
 use crate::config::env::Env;
 use crate::config::file::{KeySection, LimitsSection, TenantSection};
 use crate::config::runtime::{KeyConfig, LimitSet, LimitsConfig, TenantConfig};
@@ -95,14 +95,7 @@ pub(super) fn tenants(p: &mut Problems, list: &[TenantSection]) -> Vec<TenantCon
     let mut names = HashSet::new();
     for (i, t) in list.iter().enumerate() {
         let at = format!("tenants[{i}]");
-        if t.name.trim().is_empty() {
-            p.push(format!("{at}.name"), "is empty");
-        } else if !names.insert(t.name.clone()) {
-            p.push(
-                format!("{at}.name"),
-                format!("`{}` is used by another tenant", t.name),
-            );
-        }
+        unique_name(p, &mut names, &at, &t.name, "tenant");
         let limits = limit_set!(t);
         check_limits(p, &at, limits);
         tenants.push(TenantConfig {

@@ -16,6 +16,7 @@ mod routing;
 mod server;
 mod tls;
 
+use std::collections::HashSet;
 use std::fmt::Display;
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -94,6 +95,18 @@ struct Problems(Vec<String>);
 impl Problems {
     fn push(&mut self, at: impl Display, what: impl Display) {
         self.0.push(format!("{at}: {what}"));
+    }
+}
+
+/// The `name` at `at` is not empty and is not taken yet by another `what` (kept in `names`).
+fn unique_name(p: &mut Problems, names: &mut HashSet<String>, at: &str, name: &str, what: &str) {
+    if name.trim().is_empty() {
+        p.push(format!("{at}.name"), "is empty");
+    } else if !names.insert(name.to_string()) {
+        p.push(
+            format!("{at}.name"),
+            format!("`{name}` is used by another {what}"),
+        );
     }
 }
 

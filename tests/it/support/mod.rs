@@ -2,17 +2,20 @@
 //! ([`TestGateway`]), real simulators ([`sim`], [`sim_with`] and the [`sim`](mod@sim) helpers),
 //! backends that misbehave at the byte level ([`raw`]), a hand-written recording backend
 //! ([`ScriptedBackend`]), the built binary and the Python clients ([`process`]), one poll
-//! helper with a deadline ([`poll()`], [`eventually`]) and one free-port helper ([`free_port`]).
+//! helper with a deadline ([`poll()`], [`eventually`]), one free-port helper ([`free_port`]) and
+//! one-call requests ([`request`]).
 #![allow(dead_code)]
 
 pub mod net;
 pub mod poll;
 pub mod process;
 pub mod raw;
+pub mod request;
 pub mod sim;
 
 pub use net::free_port;
 pub use poll::{eventually, poll, Lazy};
+pub use request::{get_json, get_status, get_text, header, post_json};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -75,6 +78,15 @@ impl TestGateway {
         g
     }
 
+    /// A gateway with [`FAST_HEALTH`] and one backend serving model `m`, once it is healthy.
+    pub async fn one_backend(name: &str, kind: &str, url: &str) -> TestGateway {
+        TestGateway::start_healthy(&format!(
+            "{FAST_HEALTH}{}",
+            backend(name, kind, url, &["m"])
+        ))
+        .await
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
@@ -134,28 +146,29 @@ impl TestGateway {
         .await;
     }
 
+    /// Requests the gateway has sent to backend `name` (0 when there is none).
+    pub fn attempts(&self, name: &str) -> u64 {
+        self.gw
+            .runtime()
+            .fleet
+            .get(name)
+            .map(|b| b.state.requests_total())
+            .unwrap_or(0)
+    }
+
+    /// `POST /v1/chat/completions` with `body`, from a new client.
+    pub async fn chat<B: serde::Serialize + ?Sized>(&self, body: &B) -> reqwest::Response {
+        post_json(&client(), self.url("/v1/chat/completions"), body).await
+    }
+
     /// `GET /admin/backends` (on the admin listener when there is one), as JSON.
     pub async fn admin_backends(&self) -> serde_json::Value {
-        client()
-            .get(self.admin_url("/admin/backends"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        get_json(&client(), self.admin_url("/admin/backends")).await
     }
 
     /// `GET /metrics` (on the admin listener when there is one), as text.
     pub async fn metrics_text(&self) -> String {
-        client()
-            .get(self.admin_url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        get_text(&client(), self.admin_url("/metrics")).await
     }
 
     /// Stop accepting, drain, and wait for the server to finish.

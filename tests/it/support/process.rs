@@ -1,8 +1,9 @@
 //! Processes the tests start: a test alone in a child process of this binary, the Python
 //! clients, and what a missing tool means (a SKIP on a developer machine, a failure in CI).
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
 
 /// Set in the child process [`isolated`] starts.
 const ISOLATED: &str = "SLUICE_IT_ISOLATED";
@@ -73,4 +74,13 @@ pub fn write_atomically(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Everything an exited child wrote: its stdout, then its stderr.
+pub fn output_of(child: &mut Child) -> String {
+    let mut out = String::new();
+    let (mut stdout, mut stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    stdout.read_to_string(&mut out).unwrap();
+    stderr.read_to_string(&mut out).unwrap();
+    out
 }

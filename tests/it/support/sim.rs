@@ -18,6 +18,7 @@ pub async fn start(
 
 /// The tests' one HTTP client.
 pub use super::client;
+pub use super::request::{get_json, get_status, get_text, post_for_json, post_json};
 
 /// The body of a captured HTTP response in tests/fixtures.
 pub fn fixture_body(name: &str) -> String {
