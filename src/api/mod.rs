@@ -14,6 +14,7 @@
 //! | chat completions | [`chat`] | `/v1/chat/completions` | `chat` |
 //! | completions | [`completions`] | `/v1/completions` | `completions` |
 //! | embeddings | [`embeddings`] | `/v1/embeddings` | `embeddings` |
+//! | Anthropic Messages | [`messages`] | `/v1/messages`, `/v1/messages/count_tokens` | `messages`, `messages_count_tokens` |
 //!
 //! # Adding a client API
 //!
@@ -43,6 +44,7 @@
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
+pub mod messages;
 pub mod wire;
 
 use std::sync::Arc;
@@ -60,6 +62,7 @@ pub use crate::openai::usage::Usage;
 pub use chat::CHAT;
 pub use completions::COMPLETIONS;
 pub use embeddings::EMBEDDINGS;
+pub use messages::{COUNT_TOKENS, MESSAGES};
 
 /// One client API: what the request path and the stream observer ask of it.
 pub trait ClientApi: Send + Sync {
@@ -115,6 +118,11 @@ pub trait ClientApi: Send + Sync {
 
     /// Whether a backend of `kind` speaks this API natively (only those are candidates).
     fn native(&self, kind: BackendKind) -> bool;
+
+    /// The error for a model whose backends (of `kinds`) all lack this API natively.
+    fn unserved(&self, model: &str, _kinds: &[BackendKind]) -> ApiError {
+        ApiError::model_not_found(model)
+    }
 
     /// How a backend's tokenizer can count this request's prompt (`prompt`: its raw JSON
     /// value at [`RequestFields::prompt_span`]); `None` when it cannot.

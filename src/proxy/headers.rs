@@ -14,6 +14,9 @@ const FORWARDED: &[&str] = &[
     "traceparent",
     "tracestate",
     "baggage",
+    // The Anthropic SDKs' API version and beta flags, read by engines serving /v1/messages.
+    "anthropic-version",
+    "anthropic-beta",
 ];
 
 /// Response headers never copied from a backend.

@@ -212,9 +212,10 @@ fn resolve(
         .fleet
         .resolve(&fields.model)
         .ok_or_else(|| ApiError::model_not_found(&fields.model))?;
+    let kinds: Vec<_> = resolved.candidates.iter().map(|(b, _)| b.kind()).collect();
     resolved.candidates.retain(|(b, _)| api.native(b.kind()));
     if resolved.candidates.is_empty() {
-        return Err(ApiError::model_not_found(&fields.model));
+        return Err(api.unserved(&fields.model, &kinds));
     }
     Ok(resolved)
 }

@@ -191,7 +191,12 @@ impl<B> ObservedStream<B> {
                 g.release_tokens(1);
             }
         }
-        if let Some(u) = seen.usage {
+        if let Some(mut u) = seen.usage {
+            // An API may report the prompt at the start and the output at the end (Anthropic's
+            // message_start / message_delta): a later report without a prompt count keeps it.
+            if let (0, Some(earlier)) = (u.prompt_tokens, self.settle.usage) {
+                u.prompt_tokens = earlier.prompt_tokens;
+            }
             self.settle.usage = Some(u);
         }
     }
