@@ -275,6 +275,14 @@ impl<B> ObservedStream<B> {
                 .api
                 .edit(&payload, &self.edits)
                 .unwrap_or_else(|| Bytes::copy_from_slice(&payload));
+            // The event's other fields (`event: message_start`, `id:`) as they came: typed
+            // streams (Anthropic's) are read by their event names.
+            for line in super::sse::lines(&event) {
+                if !line.is_empty() && line != b"data" && !line.starts_with(b"data:") {
+                    batch.extend_from_slice(line);
+                    batch.extend_from_slice(b"\n");
+                }
+            }
             // One `data:` line per line of the payload: data sent on several lines (valid JSON
             // with line breaks as whitespace) must not lose its later lines (found by fuzzing).
             for (i, line) in edited.split(|b| *b == b'\n' || *b == b'\r').enumerate() {

@@ -9,6 +9,7 @@
 
 mod support;
 
+mod api_messages;
 mod cli;
 mod deploy_manifests;
 mod failover_fleet;
