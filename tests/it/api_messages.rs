@@ -174,6 +174,28 @@ async fn own_errors_are_anthropic_shaped() {
     assert_eq!(r.status(), 413);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["type"], "request_too_large", "{v}");
+    // A stream cut mid-way ends with Anthropic's typed error event (what the SDK raises on).
+    let text = c
+        .post(g.url("/v1/messages"))
+        .header("x-api-key", &key)
+        .json(
+            &serde_json::json!({"model": "msg-cut", "max_tokens": 50, "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.starts_with("event: message_start\n"), "{text}");
+    let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+    let data = last.strip_prefix("event: error\ndata: ").expect(&text);
+    let v: serde_json::Value = serde_json::from_str(data).unwrap();
+    assert_eq!(
+        (v["type"].as_str(), v["error"]["type"].as_str()),
+        (Some("error"), Some("api_error"))
+    );
     // count_tokens routed by model: the engine's count comes back.
     let r = c
         .post(g.url("/v1/messages/count_tokens"))
