@@ -645,4 +645,18 @@ mod seam_tests {
         assert!(out.ends_with("\n\n") && out.contains("event: error\ndata: {\"error\":"));
         assert!(!out.contains("[DONE]"), "{out}");
     }
+
+    #[tokio::test]
+    async fn an_edited_event_keeps_its_own_fields() {
+        let typed = b"event: delta\nid: 7\ndata: {\"model\":\"m\",\"choices\":[]}\n\n: ping\n\nevent: done\ndata: {\"type\":\"done\"}\n\n";
+        let edits = Edits {
+            rename_model: Some("x".into()),
+            ..Edits::default()
+        };
+        let out = observe(typed, edits).await;
+        assert_eq!(
+            out,
+            "event: delta\nid: 7\ndata: {\"model\":\"x\",\"choices\":[]}\n\n: ping\n\nevent: done\ndata: {\"type\":\"done\"}\n\n"
+        );
+    }
 }
