@@ -19,6 +19,7 @@
 //! | batch chat (vLLM) | [`chat_batch`] | `/v1/chat/completions/batch` | `chat_batch` |
 //! | rerank, score | [`pooling`] | `/v1/rerank`, `/rerank`, `/v1/score` | `rerank`, `score` |
 //! | audio (multipart) | [`audio`] | `/v1/audio/transcriptions`, `/v1/audio/translations` | `audio_transcriptions`, `audio_translations` |
+//! | Anthropic Messages | [`messages`] | `/v1/messages`, `/v1/messages/count_tokens` | `messages`, `messages_count_tokens` |
 //!
 //! # Adding a client API
 //!
@@ -51,6 +52,7 @@ pub mod chat_batch;
 pub mod completions;
 pub mod embeddings;
 pub mod engine;
+pub mod messages;
 pub mod multipart;
 pub mod pooling;
 pub mod responses;
@@ -72,6 +74,7 @@ pub use chat::CHAT;
 pub use chat_batch::CHAT_BATCH;
 pub use completions::COMPLETIONS;
 pub use embeddings::EMBEDDINGS;
+pub use messages::{COUNT_TOKENS, MESSAGES};
 pub use pooling::{RERANK, RERANK_V1, SCORE};
 pub use responses::RESPONSES;
 pub use tokenize::{DETOKENIZE, TOKENIZE};
@@ -162,8 +165,9 @@ pub trait ClientApi: Send + Sync {
         true
     }
 
-    /// The error for a known model none of whose backends speaks this API natively.
-    fn not_native(&self, model: &str) -> ApiError {
+    /// The error for a known model none of whose backends (of `kinds`) speaks this API
+    /// natively.
+    fn unserved(&self, model: &str, _kinds: &[BackendKind]) -> ApiError {
         ApiError::model_not_found(model)
     }
 

@@ -302,7 +302,7 @@ impl ClientApi for Responses {
         kind == BackendKind::Vllm
     }
 
-    fn not_native(&self, model: &str) -> ApiError {
+    fn unserved(&self, model: &str, _kinds: &[BackendKind]) -> ApiError {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
@@ -399,7 +399,7 @@ mod tests {
         for kind in [BackendKind::Tgi, BackendKind::Ollama, BackendKind::OpenAi] {
             assert!(!RESPONSES.native(kind));
         }
-        let err = RESPONSES.not_native("m");
+        let err = RESPONSES.unserved("m", &[BackendKind::Tgi]);
         assert!(err.status == 404 && err.message.contains("Responses API"));
     }
 

@@ -14,6 +14,9 @@ const FORWARDED: &[&str] = &[
     "traceparent",
     "tracestate",
     "baggage",
+    // The Anthropic SDKs' API version and beta flags, read by engines serving /v1/messages.
+    "anthropic-version",
+    "anthropic-beta",
 ];
 
 /// Response headers never copied from a backend.
@@ -97,6 +100,12 @@ mod tests {
         assert_eq!(h["x-request-id"], "req-1");
         let h = upstream_headers(&c, "req-1", Some("backend-key"));
         assert_eq!(h[header::AUTHORIZATION], "Bearer backend-key");
+        // The Anthropic SDKs' version and beta headers reach engines serving /v1/messages.
+        c.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        c.insert("anthropic-beta", "b1".parse().unwrap());
+        let h = upstream_headers(&c, "req-1", None);
+        assert_eq!(h["anthropic-version"], "2023-06-01");
+        assert_eq!(h["anthropic-beta"], "b1");
     }
 
     #[test]

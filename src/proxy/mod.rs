@@ -225,10 +225,15 @@ fn resolve(
         .fleet
         .resolve(&fields.model)
         .ok_or_else(|| ApiError::model_not_found(&fields.model))?;
-    resolved.candidates.retain(|(b, _)| api.native(b.kind()));
-    if resolved.candidates.is_empty() {
-        return Err(api.not_native(&fields.model));
+    if !resolved
+        .candidates
+        .iter()
+        .any(|(b, _)| api.native(b.kind()))
+    {
+        let kinds: Vec<_> = resolved.candidates.iter().map(|(b, _)| b.kind()).collect();
+        return Err(api.unserved(&fields.model, &kinds));
     }
+    resolved.candidates.retain(|(b, _)| api.native(b.kind()));
     if let Some(pin) = pin {
         resolved.candidates.retain(|(b, _)| pin.holds(b.name()));
         if resolved.candidates.is_empty() {

@@ -191,7 +191,12 @@ impl<B> ObservedStream<B> {
                 g.release_tokens(1);
             }
         }
-        if let Some(u) = seen.usage {
+        if let Some(mut u) = seen.usage {
+            // An API may report the prompt at the start and the output at the end (Anthropic's
+            // message_start / message_delta): a later report without a prompt count keeps it.
+            if let (0, Some(earlier)) = (u.prompt_tokens, self.settle.usage) {
+                u.prompt_tokens = earlier.prompt_tokens;
+            }
             self.settle.usage = Some(u);
         }
     }
@@ -595,6 +600,15 @@ mod seam_tests {
     static TYPED: &dyn ClientApi = &Typed;
 
     async fn observe(stream: &'static [u8], edits: Edits) -> String {
+        observe_settled(
+            stream,
+            edits,
+            Settle::new(AccessRecord::new("r".into(), "typed", Instant::now())),
+        )
+        .await
+    }
+
+    async fn observe_settled(stream: &'static [u8], edits: Edits, settle: Settle) -> String {
         use http_body_util::BodyExt;
         let config = crate::config::from_str(
             "[[backends]]\nname = \"b\"\nkind = \"vllm\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n",
@@ -612,7 +626,7 @@ mod seam_tests {
             Duration::from_secs(60),
             backend,
             config.health.clone(),
-            Settle::new(AccessRecord::new("r".into(), "typed", Instant::now())),
+            settle,
         );
         let out = observed.collect().await.unwrap().to_bytes();
         String::from_utf8(out.to_vec()).unwrap()
@@ -642,5 +656,39 @@ mod seam_tests {
         assert!(out.contains("\"hi\""), "{out}");
         assert!(out.ends_with("\n\n") && out.contains("event: error\ndata: {\"error\":"));
         assert!(!out.contains("[DONE]"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn a_later_usage_report_without_a_prompt_count_keeps_the_earlier_one() {
+        let seen = Arc::new(std::sync::Mutex::new(None));
+        let mut settle = Settle::new(AccessRecord::new("r".into(), "typed", Instant::now()));
+        let into = seen.clone();
+        settle.hooks.push(Box::new(move |o: &Outcome| {
+            *into.lock().unwrap() = o.usage;
+        }));
+        let stream = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":0}}\n\ndata: {\"choices\":[],\"usage\":{\"completion_tokens\":6}}\n\ndata: {\"type\":\"done\"}\n\n";
+        observe_settled(stream, Edits::default(), settle).await;
+        let usage = *seen.lock().unwrap();
+        assert_eq!(
+            usage,
+            Some(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 6
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn an_edited_event_keeps_its_own_fields() {
+        let typed = b"event: delta\nid: 7\ndata: {\"model\":\"m\",\"choices\":[]}\n\n: ping\n\nevent: done\ndata: {\"type\":\"done\"}\n\n";
+        let edits = Edits {
+            rename_model: Some("x".into()),
+            ..Edits::default()
+        };
+        let out = observe(typed, edits).await;
+        assert_eq!(
+            out,
+            "event: delta\nid: 7\ndata: {\"model\":\"x\",\"choices\":[]}\n\n: ping\n\nevent: done\ndata: {\"type\":\"done\"}\n\n"
+        );
     }
 }

@@ -84,6 +84,11 @@ pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
             client_api::AUDIO_TRANSLATIONS.path(),
             inference(client_api::AUDIO_TRANSLATIONS),
         )
+        .route(client_api::MESSAGES.path(), inference(client_api::MESSAGES))
+        .route(
+            client_api::COUNT_TOKENS.path(),
+            inference(client_api::COUNT_TOKENS),
+        )
         .route("/v1/models", get(list_models))
         .route("/v1/models/{*id}", get(get_model))
         .route("/healthz", get(healthz))

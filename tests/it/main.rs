@@ -9,6 +9,7 @@
 
 mod support;
 
+mod api_messages;
 mod api_responses;
 mod api_surface;
 mod cli;
