@@ -185,6 +185,7 @@ fuzz_target!(|data: &[u8]| {
         fill_id: (flags & 4 != 0).then(|| "chatcmpl-fuzz".to_string()),
         normalize_finish: flags & 8 != 0,
         redact: None,
+        issue_ids: None,
     };
     let stream = Bytes::copy_from_slice(stream);
 
