@@ -11,12 +11,9 @@
 //! anything else is passed on as it came. The form's `stream` is not read: a streamed
 //! transcription reaches the client whole, once complete.
 
-use axum::response::Response;
-use bytes::Bytes;
-
 use super::engine::fields;
 use super::multipart::{self, FormError};
-use super::{wire, BodyForm, ClientApi, Edits, Seen, TokenizeForm, Usage};
+use super::{wire, BodyForm, ClientApi, TokenizeForm, Usage};
 use crate::config::BackendKind;
 use crate::openai::edit::Splice;
 use crate::openai::{ApiError, RequestFields};
@@ -104,29 +101,9 @@ impl ClientApi for Audio {
         None
     }
 
-    fn inspect(&self, data: &[u8]) -> Seen {
-        wire::inspect(data)
-    }
-
     fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
         // Text, SRT and VTT answers are answers too, not broken JSON.
         Ok(wire::whole_usage(json).unwrap_or(None))
-    }
-
-    fn edit(&self, json: &[u8], edits: &Edits) -> Option<Bytes> {
-        wire::edit_json(json, edits)
-    }
-
-    fn end_event(&self) -> Option<&'static [u8]> {
-        Some(wire::DONE_EVENT)
-    }
-
-    fn stream_error_event(&self, err: &ApiError) -> Bytes {
-        wire::stream_error_event(err)
-    }
-
-    fn error_response(&self, err: ApiError) -> Response {
-        wire::error_response(err)
     }
 
     fn id_prefix(&self) -> &'static str {
@@ -152,7 +129,7 @@ mod tests {
         let f = AUDIO_TRANSCRIPTIONS.parse_form("b", body).unwrap();
         assert_eq!(f.model, "whisper");
         let s = AUDIO_TRANSCRIPTIONS.rename_model(&f, "openai/whisper-large-v3");
-        let out = crate::openai::edit::apply(&Bytes::from_static(body), vec![s]);
+        let out = crate::openai::edit::apply(&bytes::Bytes::from_static(body), vec![s]);
         assert!(out.ends_with(b"name=\"model\"\r\n\r\nopenai/whisper-large-v3\r\n--b--\r\n"));
         let no_model = b"--b\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--b--";
         let err = AUDIO_TRANSLATIONS.parse_form("b", no_model).unwrap_err();

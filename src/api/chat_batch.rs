@@ -6,15 +6,13 @@
 //! the model's default) times the number of conversations, and the settlement reconciles with
 //! the summed usage of the answer.
 
-use axum::response::Response;
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::engine::{check_object, fields, model_of, span_of};
-use super::{wire, ClientApi, Edits, Seen, TokenizeForm, Usage};
+use super::{ClientApi, TokenizeForm};
 use crate::config::BackendKind;
-use crate::openai::edit::{self, Splice};
+use crate::openai::edit::Splice;
 use crate::openai::request::MAX_TOKENS_LIMIT;
 use crate::openai::{ApiError, RequestFields};
 
@@ -93,40 +91,8 @@ impl ClientApi for ChatBatch {
         false
     }
 
-    fn expected_output(&self, fields: &RequestFields, default: u64) -> u64 {
-        wire::expected_output(fields, default)
-    }
-
-    fn rename_model(&self, fields: &RequestFields, to: &str) -> Splice {
-        edit::rename_model(fields, to)
-    }
-
     fn force_stream_usage(&self, _body: &[u8], _fields: &RequestFields) -> Option<Splice> {
         None
-    }
-
-    fn inspect(&self, data: &[u8]) -> Seen {
-        wire::inspect(data)
-    }
-
-    fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
-        wire::whole_usage(json)
-    }
-
-    fn edit(&self, json: &[u8], edits: &Edits) -> Option<Bytes> {
-        wire::edit_json(json, edits)
-    }
-
-    fn end_event(&self) -> Option<&'static [u8]> {
-        Some(wire::DONE_EVENT)
-    }
-
-    fn stream_error_event(&self, err: &ApiError) -> Bytes {
-        wire::stream_error_event(err)
-    }
-
-    fn error_response(&self, err: ApiError) -> Response {
-        wire::error_response(err)
     }
 
     fn id_prefix(&self) -> &'static str {

@@ -10,14 +10,12 @@
 
 use std::ops::Range;
 
-use axum::response::Response;
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{wire, ClientApi, Edits, Seen, TokenizeForm, Usage};
+use super::{ClientApi, TokenizeForm};
 use crate::config::BackendKind;
-use crate::openai::edit::{self, Splice};
+use crate::openai::edit::Splice;
 use crate::openai::request::{self, PromptField};
 use crate::openai::{ApiError, RequestFields};
 
@@ -129,36 +127,8 @@ impl ClientApi for EnginePath {
         0
     }
 
-    fn rename_model(&self, fields: &RequestFields, to: &str) -> Splice {
-        edit::rename_model(fields, to)
-    }
-
     fn force_stream_usage(&self, _body: &[u8], _fields: &RequestFields) -> Option<Splice> {
         None
-    }
-
-    fn inspect(&self, data: &[u8]) -> Seen {
-        wire::inspect(data)
-    }
-
-    fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
-        wire::whole_usage(json)
-    }
-
-    fn edit(&self, json: &[u8], edits: &Edits) -> Option<Bytes> {
-        wire::edit_json(json, edits)
-    }
-
-    fn end_event(&self) -> Option<&'static [u8]> {
-        Some(wire::DONE_EVENT)
-    }
-
-    fn stream_error_event(&self, err: &ApiError) -> Bytes {
-        wire::stream_error_event(err)
-    }
-
-    fn error_response(&self, err: ApiError) -> Response {
-        wire::error_response(err)
     }
 
     fn id_prefix(&self) -> &'static str {

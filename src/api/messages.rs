@@ -237,10 +237,6 @@ macro_rules! shared_messages_api {
             request::parse(PromptField::Messages, body)
         }
 
-        fn rename_model(&self, fields: &RequestFields, to: &str) -> Splice {
-            edit::rename_model(fields, to)
-        }
-
         fn force_stream_usage(&self, _body: &[u8], _fields: &RequestFields) -> Option<Splice> {
             None
         }
@@ -292,14 +288,6 @@ impl ClientApi for Messages {
 
     fn label(&self) -> &'static str {
         "messages"
-    }
-
-    fn streams(&self, fields: &RequestFields) -> bool {
-        fields.stream
-    }
-
-    fn expected_output(&self, fields: &RequestFields, default: u64) -> u64 {
-        wire::expected_output(fields, default)
     }
 
     fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {

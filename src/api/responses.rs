@@ -22,7 +22,6 @@ pub mod ids;
 
 use std::borrow::Cow;
 
-use axum::response::Response;
 use bytes::Bytes;
 use http::StatusCode;
 use serde::Deserialize;
@@ -200,16 +199,8 @@ impl ClientApi for Responses {
         Ok(fields)
     }
 
-    fn streams(&self, fields: &RequestFields) -> bool {
-        fields.stream
-    }
-
     fn expected_output(&self, fields: &RequestFields, default: u64) -> u64 {
         fields.max_tokens.unwrap_or(default)
-    }
-
-    fn rename_model(&self, fields: &RequestFields, to: &str) -> Splice {
-        edit::rename_model(fields, to)
     }
 
     fn force_stream_usage(&self, _body: &[u8], _fields: &RequestFields) -> Option<Splice> {
@@ -288,10 +279,6 @@ impl ClientApi for Responses {
 
     fn stream_error_event(&self, err: &ApiError) -> Bytes {
         stream_error_event(err)
-    }
-
-    fn error_response(&self, err: ApiError) -> Response {
-        wire::error_response(err)
     }
 
     fn id_prefix(&self) -> &'static str {
