@@ -9,11 +9,10 @@
 
 use crate::support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use sluice::sim::{Fault, FaultMode, SimKind};
-use support::process::{python_script, python_with};
+use support::process::{python_checks, python_with};
 use support::*;
 
 fn key_block(name: &str, tenant: &str, extra: &str) -> (String, String) {
@@ -53,30 +52,20 @@ async fn anthropic_python_sdk_end_to_end() {
         return;
     };
     let (g, key, limited, _sims) = fleet().await;
-    let script = python_script("gateway_anthropic_sdk.py");
     let base = g.url("");
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(script)
-            .env("SLUICE_BASE_URL", base)
-            .env("SLUICE_KEY", key)
-            .env("SLUICE_LIMITED_KEY", limited)
-            .env("SLUICE_MODEL", "claude-local")
-            .env("SLUICE_CUT_MODEL", "msg-cut")
-            .env("SLUICE_TGI_MODEL", "msg-tgi-only")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "anthropic SDK checks failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("passed, 0 failed"));
+    python_checks(
+        python,
+        "gateway_anthropic_sdk.py",
+        vec![
+            ("SLUICE_BASE_URL", base),
+            ("SLUICE_KEY", key),
+            ("SLUICE_LIMITED_KEY", limited),
+            ("SLUICE_MODEL", "claude-local".to_string()),
+            ("SLUICE_CUT_MODEL", "msg-cut".to_string()),
+            ("SLUICE_TGI_MODEL", "msg-tgi-only".to_string()),
+        ],
+    )
+    .await;
 
     // The Messages requests were counted for the key's tenant, from the backend's usage.
     let c = client();
@@ -84,27 +73,13 @@ async fn anthropic_python_sdk_end_to_end() {
     support::eventually(Duration::from_secs(3), "messages usage counted", || {
         let c = c.clone();
         async move {
-            let v: serde_json::Value = c
-                .get(gw.admin_url("/admin/usage"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let v = support::request::get_json(&c, gw.admin_url("/admin/usage")).await;
             let t = &v["tenants"]["msg-team"];
             t["requests"].as_u64().unwrap_or(0) >= 2 && t["total_tokens"].as_u64().unwrap_or(0) > 11
         }
     })
     .await;
-    let metrics = c
-        .get(g.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::request::get_text(&c, g.admin_url("/metrics")).await;
     assert!(
         metrics
             .lines()

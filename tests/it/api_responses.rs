@@ -5,12 +5,11 @@
 
 use crate::support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use sluice::api::responses::ids;
 use sluice::sim::{Fault, FaultMode, SimConfig, SimHandle, SimKind};
-use support::process::{python_script, python_with};
+use support::process::{python_checks, python_with};
 use support::*;
 
 fn body(model: &str, stream: bool, max: u32) -> serde_json::Value {
@@ -346,28 +345,18 @@ async fn openai_python_sdk_responses_end_to_end() {
     t.push_str(&backend("sdk-cut", "vllm", &cut.url(), &["sdk-cut"]));
     let g1 = TestGateway::start_healthy(&t).await;
     let g2 = TestGateway::start_healthy(&t).await;
-    let script = python_script("gateway_responses_sdk.py");
     let (base1, base2) = (g1.url("/v1"), g2.url("/v1"));
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(script)
-            .env("SLUICE_BASE_URL", base1)
-            .env("SLUICE_BASE_URL_2", base2)
-            .env("SLUICE_MODEL", "sdk-m")
-            .env("SLUICE_CUT_MODEL", "sdk-cut")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "python SDK checks failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("passed, 0 failed"), "{stdout}");
+    python_checks(
+        python,
+        "gateway_responses_sdk.py",
+        vec![
+            ("SLUICE_BASE_URL", base1),
+            ("SLUICE_BASE_URL_2", base2),
+            ("SLUICE_MODEL", "sdk-m".to_string()),
+            ("SLUICE_CUT_MODEL", "sdk-cut".to_string()),
+        ],
+    )
+    .await;
     g1.stop().await;
     g2.stop().await;
 }

@@ -7,10 +7,8 @@
 
 use crate::support;
 
-use std::process::Command;
-
 use sluice::sim::{Fault, FaultMode, SimKind};
-use support::process::{python_script, python_with};
+use support::process::{python_checks, python_with};
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -32,26 +30,16 @@ async fn openai_python_sdk_end_to_end() {
     t.push_str(&backend("cutter", "vllm", &cut.url(), &["cut-model"]));
     let g = TestGateway::start_healthy(&t).await;
 
-    let script = python_script("gateway_openai_sdk.py");
     let base = g.url("/v1");
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(script)
-            .env("SLUICE_BASE_URL", base)
-            .env("SLUICE_MODEL", "llama3")
-            .env("SLUICE_CUT_MODEL", "cut-model")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "python SDK checks failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("passed, 0 failed"));
+    python_checks(
+        python,
+        "gateway_openai_sdk.py",
+        vec![
+            ("SLUICE_BASE_URL", base),
+            ("SLUICE_MODEL", "llama3".to_string()),
+            ("SLUICE_CUT_MODEL", "cut-model".to_string()),
+        ],
+    )
+    .await;
     g.stop().await;
 }

@@ -69,6 +69,25 @@ pub fn python_script(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Run the check script `name` of tests/python with `python` and `env` (off the async
+/// runtime), print what it printed, and assert that it exited 0 with every check passed.
+pub async fn python_checks(python: PathBuf, name: &str, env: Vec<(&'static str, String)>) {
+    let script = python_script(name);
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python).arg(script).envs(env).output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{name} checks failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("passed, 0 failed"), "{stdout}");
+}
+
 /// Write a file in one step, so a reload never sees half of it.
 pub fn write_atomically(path: &Path, text: &str) {
     let tmp = path.with_extension("tmp");
