@@ -5,7 +5,8 @@
 //! Bottom to top; a module names only modules of its own layer or lower ones (the table in
 //! docs/architecture.md, enforced by `tests/it/layering.rs`).
 //!
-//! 1. [`telemetry`]: logs, metric names, the access record and request ids.
+//! 1. [`telemetry`]: logs, metric names, the access record and request ids; [`batching`]: the
+//!    continuous-batching engine model without a clock (shared by [`sim`] and [`plan`]).
 //! 2. [`rt`]: the current serving thread's index, the default number of serving threads.
 //! 3. [`tls`]: TLS material from plain inputs: CA bundles, server certificates, the backend
 //!    client config.
@@ -25,10 +26,12 @@
 //! 14. [`proxy`]: one request's path: attempts, failover, the streaming observer.
 //! 15. [`server`]: accept loop, HTTP/1.1 + HTTP/2, routes, listener TLS, graceful drain.
 //! 16. [`app`]: the composition root: the one build-and-serve path, the config reload watcher.
-//! 17. [`demo`]: `sluice demo`, a gateway in front of an embedded simulated fleet.
+//! 17. [`plan`]: `sluice plan`, capacity planning: the fleet in virtual time, routed by
+//!     [`routing`].
+//! 18. [`demo`]: `sluice demo`, a gateway in front of an embedded simulated fleet.
 //!
 //! Standalone: [`sim`], the backend simulator behind `sluice sim` and `sluice demo` (names
-//! only [`telemetry`]).
+//! only layer 1: [`telemetry`], [`batching`]).
 //!
 //! The entry point for embedding and tests is [`run`] (in [`app`]): it serves a bound listener
 //! until the shutdown future resolves.
@@ -40,12 +43,14 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod batching;
 pub mod config;
 pub mod demo;
 pub mod fleet;
 pub mod gateway;
 pub mod limits;
 pub mod openai;
+pub mod plan;
 pub mod proxy;
 pub mod routing;
 pub mod rt;

@@ -57,49 +57,7 @@ impl FromStr for SimKind {
     }
 }
 
-/// The continuous-batching timing model. All durations are at `speed = 1`; the simulator divides
-/// them by `speed` (and multiplies them by the `slow` fault factor).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Timing {
-    /// Maximum number of sequences in the running batch (vLLM `--max-num-seqs`; Ollama's
-    /// `OLLAMA_NUM_PARALLEL`).
-    pub max_num_seqs: usize,
-    /// KV-cache capacity in tokens. A request reserves `prompt + max output` tokens when it is
-    /// scheduled; requests wait while the reservation does not fit.
-    pub kv_capacity_tokens: u64,
-    /// Prefill cost per uncached prompt token.
-    pub prefill_per_token: Duration,
-    /// Fixed cost of one decode step.
-    pub decode_base: Duration,
-    /// Extra cost of one decode step per running sequence.
-    pub decode_per_seq: Duration,
-    /// Prefix-cache block size in tokens (only whole blocks are cached, as in vLLM).
-    pub block_size: u32,
-    /// Tokens the prefix cache may keep (`None`: the KV capacity). Less than the KV capacity
-    /// stands for an engine whose free KV blocks, where vLLM keeps cached prefixes, are few;
-    /// admission still uses `kv_capacity_tokens`.
-    pub prefix_cache_tokens: Option<u64>,
-    /// Range of the "natural" answer length (the model stops by itself) in tokens.
-    pub min_output_tokens: u32,
-    /// Upper end of the natural answer length.
-    pub max_output_tokens: u32,
-}
-
-impl Default for Timing {
-    fn default() -> Self {
-        Timing {
-            max_num_seqs: 256,
-            kv_capacity_tokens: 131_072,
-            prefill_per_token: Duration::from_micros(100),
-            decode_base: Duration::from_millis(15),
-            decode_per_seq: Duration::from_micros(150),
-            block_size: 16,
-            prefix_cache_tokens: None,
-            min_output_tokens: 16,
-            max_output_tokens: 128,
-        }
-    }
-}
+pub use crate::batching::Timing;
 
 /// The validated configuration of one simulator.
 #[derive(Clone, Debug)]

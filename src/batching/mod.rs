@@ -1,0 +1,250 @@
+//! The continuous-batching engine model, without a clock: one source of truth for the
+//! simulator, which runs it in real time (`sim::engine`), and the planner, which runs it in
+//! virtual time (`plan::fleet`).
+//!
+//! A [`Batch`] holds the *waiting* queue (FIFO) and the *running* batch of one engine. Before
+//! every engine step its owner calls [`Batch::admit`], which admits waiting requests while the
+//! batch has fewer than `max_num_seqs` sequences and the KV cache can hold the request's
+//! reservation (`prompt + output` tokens), looking each prompt up in the [`PrefixCache`] (whole
+//! blocks of `block_size` tokens, chained hashes, least recently used evicted, as in vLLM); only
+//! uncached tokens are prefilled. One step lasts [`Batch::step_duration`]:
+//! `decode_base + decode_per_seq × running + prefill_per_token × uncached tokens admitted`
+//! (at speed 1). After a step every running sequence has one more token ([`Batch::advance`]);
+//! finished ones leave with [`Batch::take_done`].
+//!
+//! The owner supplies the clock: it sleeps for the step (real time) or schedules the step's end
+//! as an event (virtual time). A stretch of steps without admissions has a constant duration,
+//! so a virtual-time owner may advance several steps at once ([`Batch::steps_to_next_finish`]).
+//!
+//! Invariants:
+//! - `running ≤ max_num_seqs`, and the KV reservation never exceeds capacity, except that a
+//!   single request larger than the whole cache is admitted alone into an empty batch (so it
+//!   cannot wait forever).
+//! - The KV reservation is the sum of the running sequences' reservations: every way out of
+//!   the batch ([`Batch::take_done`], [`Batch::retain_running`]) frees it.
+
+mod prefix;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+pub use prefix::{block_hashes, PrefixCache};
+
+/// The continuous-batching timing model. All durations are at `speed = 1`; the simulator divides
+/// them by `speed` (and multiplies them by the `slow` fault factor).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timing {
+    /// Maximum number of sequences in the running batch (vLLM `--max-num-seqs`; Ollama's
+    /// `OLLAMA_NUM_PARALLEL`).
+    pub max_num_seqs: usize,
+    /// KV-cache capacity in tokens. A request reserves `prompt + max output` tokens when it is
+    /// scheduled; requests wait while the reservation does not fit.
+    pub kv_capacity_tokens: u64,
+    /// Prefill cost per uncached prompt token.
+    pub prefill_per_token: Duration,
+    /// Fixed cost of one decode step.
+    pub decode_base: Duration,
+    /// Extra cost of one decode step per running sequence.
+    pub decode_per_seq: Duration,
+    /// Prefix-cache block size in tokens (only whole blocks are cached, as in vLLM).
+    pub block_size: u32,
+    /// Tokens the prefix cache may keep (`None`: the KV capacity). Less than the KV capacity
+    /// stands for an engine whose free KV blocks, where vLLM keeps cached prefixes, are few;
+    /// admission still uses `kv_capacity_tokens`.
+    pub prefix_cache_tokens: Option<u64>,
+    /// Range of the "natural" answer length (the model stops by itself) in tokens.
+    pub min_output_tokens: u32,
+    /// Upper end of the natural answer length.
+    pub max_output_tokens: u32,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            max_num_seqs: 256,
+            kv_capacity_tokens: 131_072,
+            prefill_per_token: Duration::from_micros(100),
+            decode_base: Duration::from_millis(15),
+            decode_per_seq: Duration::from_micros(150),
+            block_size: 16,
+            prefix_cache_tokens: None,
+            min_output_tokens: 16,
+            max_output_tokens: 128,
+        }
+    }
+}
+
+impl Timing {
+    /// Blocks the prefix cache keeps.
+    fn prefix_blocks(&self) -> usize {
+        let tokens = self.prefix_cache_tokens.unwrap_or(self.kv_capacity_tokens);
+        (tokens / u64::from(self.block_size.max(1))).max(1) as usize
+    }
+}
+
+/// A request waiting for admission: its prompt as block hashes (see [`block_hashes`]), its
+/// length and its planned output length, and whatever its owner tracks it by.
+#[derive(Debug)]
+pub struct Queued<T> {
+    pub prompt_len: u32,
+    pub blocks: Vec<u64>,
+    pub out_len: u32,
+    pub tag: T,
+}
+
+/// A sequence in the running batch.
+#[derive(Debug)]
+pub struct Running<T> {
+    pub prompt_len: u32,
+    pub out_len: u32,
+    /// KV tokens reserved for it (`prompt + output`).
+    pub reserved: u64,
+    /// Tokens generated so far.
+    pub generated: u32,
+    /// Prompt tokens served from the prefix cache.
+    pub cached: u32,
+    pub tag: T,
+}
+
+impl<T> Running<T> {
+    /// It has produced all its output.
+    pub fn done(&self) -> bool {
+        self.generated >= self.out_len
+    }
+}
+
+/// One engine's queue, batch, KV reservation and prefix cache.
+#[derive(Debug)]
+pub struct Batch<T> {
+    timing: Timing,
+    pub waiting: VecDeque<Queued<T>>,
+    pub running: Vec<Running<T>>,
+    kv_reserved: u64,
+    prefix: PrefixCache,
+}
+
+impl<T> Batch<T> {
+    pub fn new(timing: Timing) -> Self {
+        Batch {
+            prefix: PrefixCache::new(timing.prefix_blocks(), timing.block_size.max(1)),
+            timing,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            kv_reserved: 0,
+        }
+    }
+
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    /// KV tokens reserved by the running batch.
+    pub fn kv_reserved(&self) -> u64 {
+        self.kv_reserved
+    }
+
+    /// Nothing waits and nothing runs.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Admit waiting requests in order while the batch and the KV cache have room; calls
+    /// `admitted` with each new sequence. Returns the uncached prompt tokens to prefill.
+    pub fn admit(&mut self, mut admitted: impl FnMut(&Running<T>)) -> u32 {
+        let mut prefill = 0u32;
+        let cap = self.timing.kv_capacity_tokens;
+        while self.running.len() < self.timing.max_num_seqs {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            let need = u64::from(front.prompt_len) + u64::from(front.out_len);
+            if self.kv_reserved + need > cap && !self.running.is_empty() {
+                break;
+            }
+            let Some(q) = self.waiting.pop_front() else {
+                break;
+            };
+            let hit = self.prefix.lookup_insert_blocks(&q.blocks);
+            // engines always compute the last prompt token
+            let hit = hit.min(q.prompt_len.saturating_sub(1));
+            prefill = prefill.saturating_add(q.prompt_len - hit);
+            self.kv_reserved += need;
+            self.running.push(Running {
+                prompt_len: q.prompt_len,
+                out_len: q.out_len,
+                reserved: need,
+                generated: 0,
+                cached: hit,
+                tag: q.tag,
+            });
+            if let Some(seq) = self.running.last() {
+                admitted(seq);
+            }
+        }
+        prefill
+    }
+
+    /// The next step's duration at speed 1, with `prefill` uncached prompt tokens in it
+    /// (capped at an hour).
+    pub fn step_duration(&self, prefill: u32) -> Duration {
+        let t = &self.timing;
+        t.decode_base
+            .saturating_add(t.decode_per_seq.saturating_mul(self.running.len() as u32))
+            .saturating_add(t.prefill_per_token.saturating_mul(prefill))
+            .min(Duration::from_secs(3600))
+    }
+
+    /// Steps until the first running sequence finishes (at least 1; 0 when nothing runs).
+    pub fn steps_to_next_finish(&self) -> u32 {
+        self.running
+            .iter()
+            .map(|s| s.out_len.saturating_sub(s.generated).max(1))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// `steps` engine steps happened: each running sequence gains that many tokens, up to its
+    /// output length. Returns the tokens generated.
+    pub fn advance(&mut self, steps: u32) -> u64 {
+        let mut tokens = 0u64;
+        for s in &mut self.running {
+            let add = steps.min(s.out_len.saturating_sub(s.generated));
+            s.generated += add;
+            tokens += u64::from(add);
+        }
+        tokens
+    }
+
+    /// Remove the finished sequences, freeing their KV reservation, and hand each to `done`.
+    pub fn take_done(&mut self, mut done: impl FnMut(Running<T>)) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].done() {
+                let seq = self.running.swap_remove(i);
+                self.kv_reserved -= seq.reserved;
+                done(seq);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Keep only the running sequences `keep` accepts (freeing the others' KV reservation);
+    /// returns how many left.
+    pub fn retain_running(&mut self, mut keep: impl FnMut(&Running<T>) -> bool) -> usize {
+        let before = self.running.len();
+        let mut freed = 0;
+        self.running.retain(|s| {
+            let k = keep(s);
+            if !k {
+                freed += s.reserved;
+            }
+            k
+        });
+        self.kv_reserved -= freed;
+        before - self.running.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;
