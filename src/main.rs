@@ -51,6 +51,22 @@ enum Command {
         #[command(subcommand)]
         action: KeyAction,
     },
+    /// Size a fleet: the smallest number of servers of each candidate kind meeting an SLO for a
+    /// workload, with latencies, utilisation, cost and the N+1 answer (see
+    /// docs/capacity-planning.md and examples/plan.toml).
+    Plan {
+        /// The plan file (TOML): workload, SLO, model, candidates, costs.
+        plan: PathBuf,
+        /// Also write a self-contained HTML report (charts) here.
+        #[arg(long)]
+        html: Option<PathBuf>,
+        /// Scale the workload's traffic (a recorded trace: ×N copies; described: N × the rate).
+        #[arg(long)]
+        scale: Option<f64>,
+        /// No progress lines on stderr.
+        #[arg(long)]
+        quiet: bool,
+    },
     /// GET a URL and exit 0 on a 2xx answer (a container HEALTHCHECK without curl).
     Probe {
         #[arg(long, default_value = "http://127.0.0.1:8080/healthz")]
@@ -84,6 +100,12 @@ fn main() -> anyhow::Result<()> {
             eprintln!("\nAdd to the config (the key itself is not stored anywhere):\n\n[[keys]]\nname = \"{name}\"\nhash = \"{hash}\"");
             Ok(())
         }
+        Command::Plan {
+            plan,
+            html,
+            scale,
+            quiet,
+        } => run_plan(&plan, html.as_deref(), scale, quiet),
         Command::Probe { url, timeout } => runtime()?.block_on(probe(url, timeout)),
         Command::Serve { config } => runtime()?.block_on(serve(config)),
         Command::Demo(args) => runtime()?.block_on(async move {
@@ -103,6 +125,39 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }),
     }
+}
+
+fn run_plan(
+    path: &std::path::Path,
+    html: Option<&std::path::Path>,
+    scale: Option<f64>,
+    quiet: bool,
+) -> anyhow::Result<()> {
+    let mut input = sluice::plan::input::load(path)?;
+    if let Some(f) = scale {
+        input.scale(f)?;
+    }
+    let started = std::time::Instant::now();
+    let progress = |name: &str, n: usize, st: &sluice::plan::search::Stats| {
+        if !quiet {
+            eprintln!(
+                "[{:>6.1}s] {name}: {n} servers -> p99 TTFT {}, p99 TPOT {}",
+                started.elapsed().as_secs_f64(),
+                sluice::plan::search::secs(st.ttft_p99),
+                sluice::plan::search::secs(st.tpot_p99)
+            );
+        }
+    };
+    let report = sluice::plan::plan(&input, &progress)?;
+    print!("{}", sluice::plan::report::text(&report));
+    if let Some(out) = html {
+        std::fs::write(out, sluice::plan::report::html(&report))
+            .with_context(|| format!("cannot write {}", out.display()))?;
+        if !quiet {
+            eprintln!("report written to {}", out.display());
+        }
+    }
+    Ok(())
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -1,0 +1,322 @@
+//! The answer as people read it: a plain-text table for the terminal and a self-contained HTML
+//! report (inline SVG charts, no scripts, no external resources) viewable offline.
+
+use std::fmt::Write;
+
+use super::roofline::load_times;
+use super::search::{secs, Stats};
+use super::{CandidateReport, Report};
+
+fn engine_label(c: &CandidateReport) -> String {
+    match &c.engine {
+        Ok(e) => match e.tp {
+            Some(tp) => format!("TP{tp} x{}/server", e.per_server),
+            None => format!("{} slots", e.timing.max_num_seqs),
+        },
+        Err(_) => "does not fit".into(),
+    }
+}
+
+fn pair(a: f64, b: f64) -> String {
+    format!("{}/{}", secs(a), secs(b))
+}
+
+/// The verdict on `n` servers with one down (= `n − 1` servers).
+fn one_down(c: &CandidateReport, n: usize, r: &Report) -> String {
+    if n <= 1 {
+        return "no server left".into();
+    }
+    match c.curve.points.get(&(n - 1)) {
+        Some(st) => {
+            let v = st.violations(&r.slo);
+            let verdict = if v.is_empty() { "meets" } else { "misses" };
+            format!("p99 TTFT {} ({verdict})", secs(st.ttft_p99))
+        }
+        None => "-".into(),
+    }
+}
+
+/// The plain-text answer.
+pub fn text(r: &Report) -> String {
+    let mut out = String::new();
+    let rate = r.requests as f64 / r.duration_s.max(1e-9);
+    let _ = writeln!(
+        out,
+        "workload: {} requests over {:.0} s ({rate:.1} req/s); SLO: p99 TTFT <= {}, p99 TPOT <= {}, queue wait <= {}",
+        r.requests,
+        r.duration_s,
+        secs(r.slo.ttft_p99),
+        secs(r.slo.tpot_p99),
+        secs(r.slo.max_queue_wait)
+    );
+    let head = [
+        "candidate",
+        "engine",
+        "servers",
+        "TTFT p50/p99",
+        "TPOT p50/p99",
+        "queue p99",
+        "busy",
+        "batch",
+        "$/hour",
+        "$/Mtok",
+        "one server down",
+        "N+1",
+    ];
+    let mut rows = vec![head.map(String::from).to_vec()];
+    for c in &r.candidates {
+        let mut row = vec![c.name.clone(), engine_label(c)];
+        match (&c.engine, c.curve.smallest) {
+            (Err(why), _) => row.push(why.clone()),
+            (Ok(_), None) => row.push(format!("SLO not met with {} servers", r.max_servers)),
+            (Ok(_), Some(n)) => {
+                let st: Stats = c.curve.points.get(&n).copied().unwrap_or_default();
+                row.extend([
+                    n.to_string(),
+                    pair(st.ttft_p50, st.ttft_p99),
+                    pair(st.tpot_p50, st.tpot_p99),
+                    secs(st.queue_p99),
+                    format!("{:.0}%", st.busy * 100.0),
+                    format!("{:.1}", st.mean_batch),
+                    format!("{:.2}", c.cost_per_hour(n)),
+                    c.cost_per_million_tokens(n)
+                        .map_or("-".into(), |v| format!("{v:.3}")),
+                    one_down(c, n, r),
+                    format!("{} (${:.2}/h)", n + 1, c.cost_per_hour(n + 1)),
+                ]);
+            }
+        }
+        rows.push(row);
+    }
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|i| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{s:<w$}", w = widths[i]))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    match r.cheapest {
+        Some(i) => {
+            let c = &r.candidates[i];
+            let n = c.curve.smallest.unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "cheapest: {} x {n} at ${:.2}/hour; with no single point of failure (N+1): {} at ${:.2}/hour",
+                c.name,
+                c.cost_per_hour(n),
+                n + 1,
+                c.cost_per_hour(n + 1)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "no candidate meets the SLO within {} servers",
+                r.max_servers
+            );
+        }
+    }
+    for c in &r.candidates {
+        if let Ok(Some(w)) = c.engine.as_ref().map(|e| e.weights_bytes) {
+            let times: Vec<String> = load_times(w)
+                .iter()
+                .map(|(p, s)| format!("{p} {}", secs(*s)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "weights of {} ({:.1} GB) to a new node at line rate: {}",
+                c.name,
+                w / 1e9,
+                times.join(", ")
+            );
+        }
+    }
+    out
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+const COLOURS: [&str; 6] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf",
+];
+
+/// A line chart: one series per candidate of (x, y) points; `hline`: a dashed reference.
+fn chart(
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    hline: Option<f64>,
+    log_y: bool,
+) -> String {
+    let (w, h, l, b) = (640.0, 320.0, 70.0, 40.0);
+    let pts = series.iter().flat_map(|s| s.1.iter());
+    let fy = |y: f64| if log_y { y.max(1e-4).log10() } else { y };
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for (x, y) in pts.clone().copied().chain(hline.map(|v| (f64::NAN, v))) {
+        if x.is_finite() {
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+        }
+        y0 = y0.min(fy(y));
+        y1 = y1.max(fy(y));
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    if !log_y {
+        y0 = y0.min(0.0);
+    }
+    let (x1, y1) = (x1.max(x0 + 1e-9), y1.max(y0 + 1e-9));
+    let px = |x: f64| l + (x - x0) / (x1 - x0) * (w - l - 20.0);
+    let py = |y: f64| h - b - (fy(y) - y0) / (y1 - y0) * (h - b - 20.0);
+    let mut s = format!(
+        "<figure><figcaption>{}</figcaption><svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\">",
+        esc(title)
+    );
+    let _ = write!(
+        s,
+        "<line x1=\"{l}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#333\"/><line x1=\"{l}\" y1=\"20\" x2=\"{l}\" y2=\"{}\" stroke=\"#333\"/>",
+        h - b, w - 20.0, h - b, h - b
+    );
+    let _ = write!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+        w / 2.0,
+        h - 8.0,
+        esc(xlabel)
+    );
+    let _ = write!(
+        s,
+        "<text x=\"14\" y=\"{}\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">{}</text>",
+        h / 2.0,
+        h / 2.0,
+        esc(ylabel)
+    );
+    for (tx, label) in [(x0, x0), (x1, x1)] {
+        let _ = write!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\">{label:.0}</text>",
+            px(tx),
+            h - b + 14.0
+        );
+    }
+    for ty in [y0, y1] {
+        let v = if log_y { 10f64.powf(ty) } else { ty };
+        let _ = write!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" font-size=\"11\">{}</text>",
+            l - 4.0,
+            py(v) + 4.0,
+            esc(&fmt_num(v))
+        );
+    }
+    if let Some(v) = hline {
+        let _ = write!(s, "<line class=\"slo\" x1=\"{l}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#888\" stroke-dasharray=\"6 4\"/>", w - 20.0, y = py(v));
+    }
+    for (i, (name, points)) in series.iter().enumerate() {
+        let c = COLOURS[i % COLOURS.len()];
+        let path: Vec<String> = points
+            .iter()
+            .map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y)))
+            .collect();
+        let _ = write!(s, "<polyline class=\"series\" data-name=\"{}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/>", esc(name), path.join(" "));
+        for (x, y) in points {
+            let _ = write!(s, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"><title>{}: {} at {}</title></circle>", px(*x), py(*y), esc(name), fmt_num(*y), fmt_num(*x));
+        }
+        let _ = write!(
+            s,
+            "<text x=\"{}\" y=\"{}\" fill=\"{c}\" font-size=\"12\">{}</text>",
+            w - 150.0,
+            34.0 + 16.0 * i as f64,
+            esc(name)
+        );
+    }
+    s.push_str("</svg></figure>");
+    s
+}
+
+fn fmt_num(v: f64) -> String {
+    if v.abs() >= 100.0 || v == 0.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// The self-contained HTML report: the table, p99 TTFT against server count per candidate,
+/// and cost against the TTFT objective.
+pub fn html(r: &Report) -> String {
+    let ttft: Vec<(String, Vec<(f64, f64)>)> = r
+        .candidates
+        .iter()
+        .filter(|c| !c.curve.points.is_empty())
+        .map(|c| {
+            let pts = c
+                .curve
+                .points
+                .iter()
+                .map(|(n, st)| (*n as f64, st.ttft_p99))
+                .collect();
+            (c.name.clone(), pts)
+        })
+        .collect();
+    // for each evaluated fleet meeting the other objectives: the TTFT objective it would meet
+    // and what it costs; the cheapest fleet for an objective T is the lowest point left of T
+    let cost: Vec<(String, Vec<(f64, f64)>)> = r
+        .candidates
+        .iter()
+        .map(|c| {
+            let mut pts: Vec<(f64, f64)> = c
+                .curve
+                .points
+                .iter()
+                .filter(|(_, st)| {
+                    st.tpot_p99 <= r.slo.tpot_p99 && st.queue_max <= r.slo.max_queue_wait
+                })
+                .map(|(n, st)| (st.ttft_p99, c.cost_per_hour(*n)))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (c.name.clone(), pts)
+        })
+        .filter(|s| !s.1.is_empty())
+        .collect();
+    let mut s = String::from("<!doctype html><html><head><meta charset=\"utf-8\"><title>sluice plan</title><style>body{font:14px system-ui,sans-serif;margin:2em;max-width:1100px}pre{background:#f6f6f6;padding:1em;overflow:auto}figure{margin:1em 0}figcaption{font-weight:600}</style></head><body><h1>Capacity plan</h1>");
+    let _ = write!(s, "<pre id=\"table\">{}</pre>", esc(&text(r)));
+    s.push_str(&chart(
+        "p99 time to first token against server count",
+        "servers",
+        "p99 TTFT (s, log)",
+        &ttft,
+        Some(r.slo.ttft_p99),
+        true,
+    ));
+    s.push_str(&chart(
+        "cost against the TTFT objective (fleets meeting the TPOT and queue objectives)",
+        "p99 TTFT objective (s)",
+        "$/hour",
+        &cost,
+        None,
+        false,
+    ));
+    s.push_str("<p>Predictions of a discrete-event simulation of the engines' continuous batching, routed by the gateway's own policies; see the capacity-planning guide for the method and how far to trust it.</p></body></html>\n");
+    s
+}

@@ -1,0 +1,237 @@
+//! The search: for one candidate, the smallest server count whose predicted percentiles meet
+//! the SLO, assuming more servers never make them worse. Counts are tried 1, 2, 4, … until one
+//! meets the SLO, then bisected between the last failing and the first passing count, so the
+//! answer costs O(log max) runs and the count below it is always among the points evaluated
+//! (it is the N+1 check: N servers with one down are N − 1 servers).
+
+use std::collections::BTreeMap;
+
+use super::fleet::{simulate, Request, Run};
+use super::input::Slo;
+use crate::batching::Timing;
+use crate::config::PolicyKind;
+
+/// Predicted figures of one fleet size, in seconds where a time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Stats {
+    pub ttft_p50: f64,
+    pub ttft_p99: f64,
+    pub tpot_p50: f64,
+    pub tpot_p99: f64,
+    pub queue_p99: f64,
+    pub queue_max: f64,
+    /// Share of the time the engines were stepping.
+    pub busy: f64,
+    /// Mean running batch while stepping.
+    pub mean_batch: f64,
+    /// Prompt plus completion tokens served per hour.
+    pub tokens_per_hour: f64,
+    /// Share of prompt tokens served from a prefix cache.
+    pub cached_share: f64,
+}
+
+/// Nearest-rank percentile of sorted values.
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+impl Stats {
+    pub fn of(reqs: &[Request], run: &Run) -> Stats {
+        let s = |ns: u64| ns as f64 / 1e9;
+        let ttft = sorted(run.outcomes.iter().map(|o| s(o.ttft_ns)).collect());
+        let tpot = sorted(
+            run.outcomes
+                .iter()
+                .filter_map(|o| o.tpot_ns.map(s))
+                .collect(),
+        );
+        let queue = sorted(run.outcomes.iter().map(|o| s(o.queue_ns)).collect());
+        let span = s(run.span_ns);
+        let engines = run.busy_ns.len().max(1) as f64;
+        let busy: u64 = run.busy_ns.iter().sum();
+        let tokens: u64 = reqs
+            .iter()
+            .map(|r| u64::from(r.prompt_tokens) + u64::from(r.output_tokens))
+            .sum();
+        let prompt: u64 = reqs.iter().map(|r| u64::from(r.prompt_tokens)).sum();
+        let cached: u64 = run
+            .outcomes
+            .iter()
+            .map(|o| u64::from(o.cached_tokens))
+            .sum();
+        Stats {
+            ttft_p50: pct(&ttft, 50.0),
+            ttft_p99: pct(&ttft, 99.0),
+            tpot_p50: pct(&tpot, 50.0),
+            tpot_p99: pct(&tpot, 99.0),
+            queue_p99: pct(&queue, 99.0),
+            queue_max: queue.last().copied().unwrap_or(0.0),
+            busy: s(busy) / (span * engines),
+            mean_batch: run.batch_ns.iter().sum::<f64>() / (busy.max(1) as f64),
+            tokens_per_hour: tokens as f64 / span * 3600.0,
+            cached_share: cached as f64 / prompt.max(1) as f64,
+        }
+    }
+
+    /// What the SLO is missing, empty when it is met.
+    pub fn violations(&self, slo: &Slo) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.ttft_p99 > slo.ttft_p99 {
+            v.push(format!("p99 TTFT {}", secs(self.ttft_p99)));
+        }
+        if self.tpot_p99 > slo.tpot_p99 {
+            v.push(format!("p99 TPOT {}", secs(self.tpot_p99)));
+        }
+        if self.queue_max > slo.max_queue_wait {
+            v.push(format!("queue wait {}", secs(self.queue_max)));
+        }
+        v
+    }
+}
+
+/// A time for people: ms below 10 s.
+pub fn secs(s: f64) -> String {
+    if s < 10.0 {
+        format!("{:.0} ms", s * 1000.0)
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+/// Everything evaluated for one candidate.
+#[derive(Debug, Clone, Default)]
+pub struct Curve {
+    /// Server count → its stats.
+    pub points: BTreeMap<usize, Stats>,
+    /// The smallest count meeting the SLO (`None`: not even the maximum).
+    pub smallest: Option<usize>,
+}
+
+/// One fleet-size evaluation: `servers` servers of `per_server` engines each.
+pub fn evaluate(
+    reqs: &[Request],
+    timing: &Timing,
+    per_server: usize,
+    servers: usize,
+    policy: PolicyKind,
+) -> Stats {
+    let run = simulate(reqs, servers * per_server.max(1), timing, policy);
+    Stats::of(reqs, &run)
+}
+
+/// The smallest count in `1..=max` meeting `slo`; `progress` hears each evaluated count.
+pub fn smallest(
+    reqs: &[Request],
+    timing: &Timing,
+    per_server: usize,
+    max: usize,
+    slo: &Slo,
+    policy: PolicyKind,
+    progress: &mut dyn FnMut(usize, &Stats),
+) -> Curve {
+    let mut curve = Curve::default();
+    let mut eval = |n: usize, curve: &mut Curve| -> bool {
+        let st = evaluate(reqs, timing, per_server, n, policy);
+        progress(n, &st);
+        curve.points.insert(n, st);
+        st.violations(slo).is_empty()
+    };
+    let mut lo = 0; // the largest count known to fail
+    let mut hi = None; // the smallest count known to pass
+    let mut n = 1;
+    while n <= max {
+        if eval(n, &mut curve) {
+            hi = Some(n);
+            break;
+        }
+        lo = n;
+        if n == max {
+            break;
+        }
+        n = (n * 2).min(max);
+    }
+    if let Some(mut h) = hi {
+        while h - lo > 1 {
+            let mid = lo + (h - lo) / 2;
+            if eval(mid, &mut curve) {
+                h = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        curve.smallest = Some(h);
+    }
+    curve
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(pct(&v, 50.0), 50.0);
+        assert_eq!(pct(&v, 99.0), 99.0);
+        assert_eq!(pct(&[3.0], 99.0), 3.0);
+    }
+
+    #[test]
+    fn the_search_finds_the_count_below_which_the_slo_fails() {
+        let timing = Timing {
+            max_num_seqs: 4,
+            kv_capacity_tokens: 100_000,
+            prefill_per_token: Duration::from_micros(50),
+            decode_base: Duration::from_millis(10),
+            decode_per_seq: Duration::from_millis(1),
+            ..Timing::default()
+        };
+        // 20 req/s of 20-token answers: one engine of 4 slots serves ~16/s
+        let reqs: Vec<Request> = (0..2000)
+            .map(|i| Request {
+                at_ns: i * 50_000_000,
+                prompt_tokens: 200,
+                output_tokens: 20,
+                prefix: None,
+            })
+            .collect();
+        let slo = Slo {
+            ttft_p99: 0.1,
+            tpot_p99: 0.05,
+            max_queue_wait: 1.0,
+        };
+        let mut seen = Vec::new();
+        let c = smallest(
+            &reqs,
+            &timing,
+            1,
+            64,
+            &slo,
+            PolicyKind::LeastRequest,
+            &mut |n, _| seen.push(n),
+        );
+        let n = c.smallest.expect("met within 64");
+        assert!(c.points[&n].violations(&slo).is_empty());
+        assert!(
+            !c.points[&(n - 1)].violations(&slo).is_empty(),
+            "{:?}",
+            c.points
+        );
+        // every count tried, exhaustively, agrees that n is the first to pass
+        for k in 1..n {
+            let st = evaluate(&reqs, &timing, 1, k, PolicyKind::LeastRequest);
+            assert!(!st.violations(&slo).is_empty(), "{k} servers pass");
+        }
+        assert!(seen.len() < 10, "{seen:?}");
+    }
+}
