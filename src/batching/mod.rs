@@ -88,6 +88,9 @@ impl Timing {
 pub struct Queued<T> {
     pub prompt_len: u32,
     pub blocks: Vec<u64>,
+    /// Whole blocks after `blocks` that no other prompt shares (see
+    /// [`PrefixCache::lookup_insert_run`]); 0 when `blocks` covers the whole prompt.
+    pub unique_blocks: u32,
     pub out_len: u32,
     pub tag: T,
 }
@@ -164,7 +167,7 @@ impl<T> Batch<T> {
             let Some(q) = self.waiting.pop_front() else {
                 break;
             };
-            let hit = self.prefix.lookup_insert_blocks(&q.blocks);
+            let hit = self.prefix.lookup_insert_run(&q.blocks, q.unique_blocks);
             // engines always compute the last prompt token
             let hit = hit.min(q.prompt_len.saturating_sub(1));
             prefill = prefill.saturating_add(q.prompt_len - hit);

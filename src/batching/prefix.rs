@@ -1,6 +1,7 @@
 //! The prefix cache of whole prompt blocks (see [`PrefixCache`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// The chained hashes of the whole `block`-token blocks of `ids` (a partial last block is not
 /// cached, as in vLLM): each block's hash covers every token before it, so equal hashes mean
@@ -28,25 +29,73 @@ pub fn block_hashes(ids: &[u32], block: u32) -> Vec<u64> {
 /// Simplification: by default the whole KV capacity is cache; vLLM caches only in blocks no
 /// running request holds, so under load its cache is smaller than this one
 /// (`--prefix-cache-tokens` sets a smaller one).
+///
+/// The recency order is a doubly linked list threaded through a slab of nodes (most recent at
+/// `head`), so a lookup costs O(1) per block. A node is one block, or a *run* of blocks no
+/// other prompt can share ([`PrefixCache::lookup_insert_run`]): such blocks are inserted
+/// together and never touched again, so they stay adjacent in the recency order and one node
+/// with a weight stands for all of them (eviction trims it block by block). The planner's
+/// prompts are mostly such blocks, millions per run.
 #[derive(Debug)]
 pub struct PrefixCache {
-    /// Block hash → its last use (a tick of `clock`).
-    blocks: HashMap<u64, u64>,
-    /// Last use → block hash: the least recently used first.
-    by_use: BTreeMap<u64, u64>,
-    clock: u64,
+    /// Block hash → its node.
+    blocks: HashMap<u64, u32, BuildHasherDefault<BlockHasher>>,
+    /// Blocks held (the nodes' weights).
+    held: usize,
+    nodes: Vec<Node>,
+    /// Unused slots of `nodes`.
+    free: Vec<u32>,
+    /// The most and the least recently used node (`NONE` when empty).
+    head: u32,
+    tail: u32,
     capacity: usize,
     block: u32,
+}
+
+const NONE: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    /// The block's hash (`None`: a run of unshareable blocks).
+    hash: Option<u64>,
+    /// Blocks it stands for.
+    weight: u32,
+    prev: u32,
+    next: u32,
+}
+
+/// Block hashes are already hashes: a cheap finaliser spreads them over every bit instead of
+/// SipHash.
+#[derive(Debug, Default)]
+struct BlockHasher(u64);
+
+impl Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        let mut z = self.0;
+        z = (z ^ (z >> 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z ^ (z >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | self.0 >> 56) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
 }
 
 impl PrefixCache {
     /// Room for `capacity` blocks of `block` tokens.
     pub fn new(capacity: usize, block: u32) -> Self {
         PrefixCache {
-            blocks: HashMap::new(),
-            by_use: BTreeMap::new(),
-            clock: 0,
-            capacity: capacity.max(1),
+            blocks: HashMap::default(),
+            held: 0,
+            nodes: Vec::new(),
+            free: Vec::new(),
+            head: NONE,
+            tail: NONE,
+            capacity: capacity.clamp(1, NONE as usize - 1),
             block: block.max(1),
         }
     }
@@ -60,33 +109,107 @@ impl PrefixCache {
 
     /// [`PrefixCache::lookup_insert`] for a prompt given by its block hashes.
     pub fn lookup_insert_blocks(&mut self, hashes: &[u64]) -> u32 {
+        self.lookup_insert_run(hashes, 0)
+    }
+
+    /// A prompt of the blocks `hashes` followed by `unique` blocks no other prompt shares
+    /// (their hashes are irrelevant: they can never hit); returns the cached leading tokens.
+    pub fn lookup_insert_run(&mut self, hashes: &[u64], unique: u32) -> u32 {
         let hit_blocks = hashes
             .iter()
             .take_while(|h| self.blocks.contains_key(h))
             .count() as u32;
+        if unique > 0 {
+            let n = self.alloc(None, unique);
+            self.push_front(n);
+        }
         for h in hashes.iter().rev() {
-            self.clock += 1;
-            if let Some(used) = self.blocks.insert(*h, self.clock) {
-                self.by_use.remove(&used);
+            match self.blocks.get(h) {
+                Some(&n) => {
+                    self.unlink(n);
+                    self.push_front(n);
+                }
+                None => {
+                    let n = self.alloc(Some(*h), 1);
+                    self.blocks.insert(*h, n);
+                    self.push_front(n);
+                }
             }
-            self.by_use.insert(self.clock, *h);
         }
-        while self.blocks.len() > self.capacity {
-            let Some((_, old)) = self.by_use.pop_first() else {
-                break;
-            };
-            self.blocks.remove(&old);
-        }
+        self.evict();
         hit_blocks * self.block
+    }
+
+    /// Drop least recently used blocks until the cache holds at most its capacity.
+    fn evict(&mut self) {
+        while self.held > self.capacity && self.tail != NONE {
+            let old = self.tail;
+            let excess = (self.held - self.capacity) as u32;
+            let node = &mut self.nodes[old as usize];
+            if node.weight > excess {
+                node.weight -= excess;
+                self.held -= excess as usize;
+                break;
+            }
+            self.held -= node.weight as usize;
+            let hash = node.hash;
+            self.unlink(old);
+            if let Some(h) = hash {
+                self.blocks.remove(&h);
+            }
+            self.free.push(old);
+        }
+    }
+
+    fn alloc(&mut self, hash: Option<u64>, weight: u32) -> u32 {
+        self.held += weight as usize;
+        let node = Node {
+            hash,
+            weight,
+            prev: NONE,
+            next: NONE,
+        };
+        match self.free.pop() {
+            Some(n) => {
+                self.nodes[n as usize] = node;
+                n
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    fn unlink(&mut self, n: u32) {
+        let Node { prev, next, .. } = self.nodes[n as usize];
+        match prev {
+            NONE => self.head = next,
+            p => self.nodes[p as usize].next = next,
+        }
+        match next {
+            NONE => self.tail = prev,
+            x => self.nodes[x as usize].prev = prev,
+        }
+    }
+
+    fn push_front(&mut self, n: u32) {
+        self.nodes[n as usize].prev = NONE;
+        self.nodes[n as usize].next = self.head;
+        match self.head {
+            NONE => self.tail = n,
+            h => self.nodes[h as usize].prev = n,
+        }
+        self.head = n;
     }
 
     /// Blocks held now.
     pub fn len(&self) -> usize {
-        self.blocks.len()
+        self.held
     }
 
     pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.held == 0
     }
 }
 
@@ -128,7 +251,7 @@ mod tests {
         c.lookup_insert(&prompt(20, 2));
         c.lookup_insert(&prompt(21, 2));
         assert_eq!(c.lookup_insert(&hot), 0);
-        assert_eq!(c.blocks.len(), c.by_use.len());
+        assert_eq!(c.blocks.len() + c.free.len(), c.nodes.len());
     }
 
     #[test]
@@ -139,5 +262,21 @@ mod tests {
         // one new block pushes out one block of the long prompt: its last, not its first
         c.lookup_insert(&prompt(2, 1));
         assert_eq!(c.lookup_insert(&long[..12]), 12);
+    }
+
+    #[test]
+    fn a_run_of_unshared_blocks_takes_room_and_is_trimmed_from_its_tail() {
+        let mut c = PrefixCache::new(6, 4);
+        let shared = super::block_hashes(&prompt(1, 2), 4);
+        // 2 shared blocks and a run of 3: 5 held
+        assert_eq!(c.lookup_insert_run(&shared, 3), 0);
+        assert_eq!(c.len(), 5);
+        // the same prefix with another run of 3: the first run loses 2 of its blocks
+        assert_eq!(c.lookup_insert_run(&shared, 3), 8);
+        assert_eq!(c.len(), 6);
+        // a run larger than the cache pushes out everything but... itself, trimmed
+        c.lookup_insert_run(&[], 10);
+        assert_eq!(c.len(), 6);
+        assert_eq!(c.lookup_insert_run(&shared, 0), 0, "the prefix was evicted");
     }
 }

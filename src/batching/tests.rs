@@ -18,6 +18,7 @@ fn queued(id: u32, prompt: Vec<u32>, out_len: u32) -> Queued<u32> {
     Queued {
         prompt_len: prompt.len() as u32,
         blocks: block_hashes(&prompt, 4),
+        unique_blocks: 0,
         out_len,
         tag: id,
     }

@@ -180,9 +180,11 @@ impl<'a> Sim<'a> {
             .unwrap_or(i % self.engines.len());
         let state = self.backends[e].0.state.clone();
         self.live[i].guard = Some(LoadGuard::new(state, input.load()));
+        let (blocks, unique_blocks) = prompt_blocks(&r, self.block);
         let q = Queued {
             prompt_len: r.prompt_tokens,
-            blocks: prompt_blocks(&r, i, self.block),
+            blocks,
+            unique_blocks,
             out_len: r.output_tokens,
             tag: i,
         };
@@ -318,20 +320,19 @@ fn backend(i: usize, timing: &Timing) -> Backend {
     Backend::new(config, state)
 }
 
-/// The block hashes of a planned prompt: the shared prefix's blocks are the same for every
-/// request with that fingerprint, the rest are the request's own.
-fn prompt_blocks(r: &Request, i: usize, block: u32) -> Vec<u64> {
+/// A planned prompt as the prefix cache sees it: the shared prefix's block hashes (the same
+/// for every request with that fingerprint), then the count of whole blocks only this request
+/// has.
+fn prompt_blocks(r: &Request, block: u32) -> (Vec<u64>, u32) {
     let blocks = r.prompt_tokens / block;
-    let (fp, shared) = match r.prefix {
-        Some((fp, tokens)) => (fp, tokens.min(r.prompt_tokens) / block),
-        None => (0, 0),
+    let Some((fp, tokens)) = r.prefix else {
+        return (Vec::new(), blocks);
     };
-    (0..blocks)
-        .map(|b| {
-            let seed = if b < shared { fp } else { (i as u64) << 20 | 1 };
-            mix(seed ^ mix(u64::from(b) + 1))
-        })
-        .collect()
+    let shared = (tokens.min(r.prompt_tokens) / block).min(blocks);
+    let hashes = (0..shared)
+        .map(|b| mix(fp ^ mix(u64::from(b) + 1)))
+        .collect();
+    (hashes, blocks - shared)
 }
 
 /// splitmix64's finaliser.

@@ -131,7 +131,7 @@ pub fn text(r: &Report) -> String {
         if let Ok(Some(w)) = c.engine.as_ref().map(|e| e.weights_bytes) {
             let times: Vec<String> = load_times(w)
                 .iter()
-                .map(|(p, s)| format!("{p} {}", secs(*s)))
+                .map(|(p, s)| format!("{p} {s:.1} s"))
                 .collect();
             let _ = writeln!(
                 out,

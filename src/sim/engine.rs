@@ -98,6 +98,7 @@ impl Engine {
         let q = Queued {
             prompt_len: prompt_ids.len() as u32,
             blocks: block_hashes(&prompt_ids, self.block),
+            unique_blocks: 0,
             out_len,
             tag: Tag {
                 events,
