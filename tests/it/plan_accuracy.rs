@@ -1,0 +1,164 @@
+//! `sluice plan`'s virtual time against the real-time simulator: the same requests, sent to a
+//! live `sluice sim` at their arrival times and planned in virtual time with the same timing
+//! model, give the same time to first token within a tolerance.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sluice::config::PolicyKind;
+use sluice::plan::fleet::{simulate, Request};
+use sluice::sim::{SimConfig, SimKind, Timing};
+
+use crate::support::sim::*;
+
+fn timing() -> Timing {
+    Timing {
+        max_num_seqs: 4,
+        kv_capacity_tokens: 1_000_000,
+        prefill_per_token: Duration::from_micros(200),
+        decode_base: Duration::from_millis(15),
+        decode_per_seq: Duration::from_millis(2),
+        ..Timing::default()
+    }
+}
+
+/// What the client saw of one request.
+struct Seen {
+    sent: Duration,
+    ttft: Duration,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+}
+
+/// Stream a chat completion; the time to the first content token and the usage.
+async fn one(c: reqwest::Client, url: String, words: usize, max_tokens: u32, t0: Instant) -> Seen {
+    let sent = t0.elapsed();
+    let body = json!({
+        "messages": [{"role": "user", "content": format!("{} q{}", "the ".repeat(words), words)}],
+        "max_tokens": max_tokens, "stream": true, "stream_options": {"include_usage": true},
+    });
+    let start = Instant::now();
+    let mut r = post_json(&c, format!("{url}/v1/chat/completions"), &body).await;
+    assert_eq!(r.status(), 200);
+    let (mut text, mut ttft) = (String::new(), None);
+    while let Some(chunk) = r.chunk().await.expect("stream") {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        if ttft.is_none() && has_content(&text) {
+            ttft = Some(start.elapsed());
+        }
+    }
+    let usage: Value = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|v| v.get("usage").filter(|u| !u.is_null()).cloned())
+        .expect("a usage chunk");
+    Seen {
+        sent,
+        ttft: ttft.expect("a content token"),
+        prompt_tokens: usage["prompt_tokens"].as_u64().expect("prompt_tokens") as u32,
+        completion_tokens: usage["completion_tokens"]
+            .as_u64()
+            .expect("completion_tokens") as u32,
+    }
+}
+
+/// Whether a complete SSE event carries a non-empty content delta.
+fn has_content(text: &str) -> bool {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .any(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty())
+        })
+}
+
+fn pct(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((p / 100.0 * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+#[tokio::test]
+async fn virtual_time_matches_the_real_time_simulator() {
+    let sim = start(SimKind::Vllm, &["m"], |c: SimConfig| {
+        c.timing(timing())
+            .output_tokens(1000, 1000)
+            .max_model_len(100_000)
+    })
+    .await;
+    let url = sim.url();
+    let c = client();
+    // ~10 requests/s against ~8/s of capacity: queues form and drain
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let t0 = Instant::now();
+    let mut at = Duration::ZERO;
+    let mut tasks = Vec::new();
+    for _ in 0..60 {
+        at += Duration::from_micros(next() % 200_000);
+        let words = 50 + (next() % 400) as usize;
+        let max_tokens = 8 + (next() % 32) as u32;
+        // the workload's arrival schedule (not synchronisation)
+        tokio::time::sleep_until((t0 + at).into()).await;
+        tasks.push(tokio::spawn(one(
+            c.clone(),
+            url.clone(),
+            words,
+            max_tokens,
+            t0,
+        )));
+    }
+    let mut seen = Vec::new();
+    for t in tasks {
+        seen.push(t.await.expect("request task"));
+    }
+    let reqs: Vec<Request> = seen
+        .iter()
+        .map(|s| Request {
+            at_ns: s.sent.as_nanos() as u64,
+            prompt_tokens: s.prompt_tokens,
+            output_tokens: s.completion_tokens,
+            prefix: None,
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..reqs.len()).collect();
+    order.sort_by_key(|i| reqs[*i].at_ns);
+    let sorted: Vec<Request> = order.iter().map(|i| reqs[*i]).collect();
+    let run = simulate(&sorted, 1, &timing(), PolicyKind::TokenAware);
+    let planned: Vec<f64> = run
+        .outcomes
+        .iter()
+        .map(|o| o.ttft_ns as f64 / 1e9)
+        .collect();
+    let real: Vec<f64> = order.iter().map(|i| seen[*i].ttft.as_secs_f64()).collect();
+    let queued = run.outcomes.iter().filter(|o| o.queue_ns > 0).count();
+    assert!(
+        queued >= 10,
+        "the workload must queue to test queueing ({queued} queued)"
+    );
+    for p in [50.0, 90.0, 99.0] {
+        let (v, r) = (pct(planned.clone(), p), pct(real.clone(), p));
+        assert!(
+            (v - r).abs() <= 0.2 * r + 0.01,
+            "p{p} TTFT: planned {v:.4} s, real {r:.4} s"
+        );
+    }
+    let mean_abs = planned
+        .iter()
+        .zip(&real)
+        .map(|(v, r)| (v - r).abs())
+        .sum::<f64>()
+        / planned.len() as f64;
+    let mean = real.iter().sum::<f64>() / real.len() as f64;
+    assert!(
+        mean_abs <= 0.2 * mean + 0.01,
+        "mean |planned − real| {mean_abs:.4} s of {mean:.4} s"
+    );
+}
