@@ -243,6 +243,24 @@ pub fn warm(b: &Backend, model: &str) -> Option<bool> {
     b.state.signals().is_loaded(model)
 }
 
+/// A backend's measured profile for `/admin/profile` (the input of `sluice plan`'s measured
+/// servers): batch slots, KV capacity when learned, prefill speed and the decode speed at the
+/// batch it was measured at. `None` until both speeds are measured.
+pub fn profile_view(b: &Backend) -> Option<serde_json::Value> {
+    let sp = b.state.speeds();
+    let prefill = sp.prefill_tps.get()?;
+    let decode = sp.decode_tps.get()?;
+    let sig = b.state.signals();
+    Some(serde_json::json!({
+        "name": b.name(),
+        "slots": slots(b).round() as u64,
+        "kv_capacity_tokens": sig.learned_kv_tokens,
+        "prefill_tokens_per_second": prefill,
+        "decode": [{"batch": sp.busy_seen().unwrap_or(1.0).max(1.0), "tokens_per_second": decode}],
+        "samples": sp.samples.load(Ordering::Relaxed),
+    }))
+}
+
 /// The score inputs of a backend for `/admin/backends`: engine signals, measured speeds, the
 /// gateway's own counters (in flight, pending prefill) and the breakdown of a reference request (1000 prompt + 200 output tokens) on its first model.
 pub fn admin_view(b: &Backend) -> serde_json::Value {

@@ -5,7 +5,7 @@
 //! engines' paths (`/tokenize`, `/detokenize`, `/v1/chat/completions/batch`, `/v1/rerank`,
 //! `/rerank`, `/v1/score`, `/v1/audio/transcriptions`, `/v1/audio/translations`; see `api`),
 //! `GET /v1/models`, `GET /v1/models/{id}`. Operations: `GET /healthz`, `/readyz`, `/metrics`,
-//! `/admin/backends`, `/admin/usage`, `/admin/summary`, `/dashboard`. When an admin listener is configured the operations other than
+//! `/admin/backends`, `/admin/usage`, `/admin/summary`, `/admin/profile`, `/dashboard`. When an admin listener is configured the operations other than
 //! `/healthz` and `/readyz` are served only there. Unknown paths get an OpenAI-shaped 404, a
 //! wrong method a 405.
 //!
@@ -212,6 +212,7 @@ fn ops_routes() -> Router<Arc<Gateway>> {
         .route("/admin/backends/{name}/heartbeat", post(heartbeat_backend))
         .route("/admin/usage", get(admin_usage))
         .route("/admin/summary", get(admin_summary))
+        .route("/admin/profile", get(admin_profile))
         .route("/dashboard", get(dashboard))
 }
 
@@ -409,6 +410,19 @@ async fn admin_backends(State(gw): State<Arc<Gateway>>, _: AdminAuth) -> Respons
         .collect();
     // Through a JSON value, as always: its keys come out sorted.
     Json(json!({ "backends": backends, "queue_depth": gw.queue.len() })).into_response()
+}
+
+/// `GET /admin/profile`: each measured backend's learned speeds and limits, the profile
+/// `sluice plan` reads for measured servers (docs/capacity-planning.md).
+async fn admin_profile(State(gw): State<Arc<Gateway>>, _: AdminAuth) -> Response {
+    let rt = gw.runtime();
+    let backends: Vec<serde_json::Value> = rt
+        .fleet
+        .backends
+        .iter()
+        .filter_map(|b| crate::routing::score::profile_view(b))
+        .collect();
+    Json(json!({ "backends": backends })).into_response()
 }
 
 /// Where a fleet member comes from: `config`, `registration` or `dns`.

@@ -34,6 +34,7 @@ mod ops_tls;
 mod plan_accuracy;
 mod plan_cli;
 mod plan_inputs;
+mod plan_profile;
 mod redis_shared;
 mod routing_load_aware;
 mod routing_tokenize;
