@@ -49,6 +49,8 @@ pub struct Gateway {
     pub discovered: Discovered,
     /// Serialises fleet rebuilds, so two concurrent changes cannot lose one another.
     rebuild_lock: Mutex<()>,
+    /// The workload trace (`[trace]`), opened at start-up.
+    pub trace: Option<Arc<crate::telemetry::trace::TraceWriter>>,
 }
 
 impl Gateway {
@@ -61,6 +63,12 @@ impl Gateway {
             fleet: Arc::new(fleet),
             config: Arc::new(config),
         };
+        let trace = runtime.config.trace.as_ref().and_then(|path| {
+            crate::telemetry::trace::TraceWriter::open(path)
+                .map_err(|e| tracing::error!("cannot open the trace {}: {e}", path.display()))
+                .ok()
+                .map(Arc::new)
+        });
         let mut monitor = HealthMonitor::default();
         monitor.sync(&runtime.fleet, &runtime.config.health);
         if runtime.keys.is_open() {
@@ -79,6 +87,7 @@ impl Gateway {
             registrations: Registrations::default(),
             discovered: Discovered::default(),
             rebuild_lock: Mutex::new(()),
+            trace,
         });
         spawn_membership(Arc::downgrade(&gw));
         gw

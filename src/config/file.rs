@@ -47,6 +47,16 @@ pub struct FileConfig {
     /// Live reload of this file when it changes on disk.
     #[serde(default)]
     pub reload: ReloadSection,
+    /// A privacy-safe workload trace for `sluice plan` (off unless present).
+    pub trace: Option<TraceSection>,
+}
+
+/// `[trace]`: append one JSON line per answered request (arrival time, model, API, token
+/// counts, shared-prefix fingerprint; never text) to `path`, written off the request path.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceSection {
+    pub path: String,
 }
 
 /// `[tls]`: serve the client listener over TLS (HTTP/2 and HTTP/1.1 negotiated by ALPN).

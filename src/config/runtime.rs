@@ -54,6 +54,9 @@ pub struct Config {
     pub reload: ReloadConfig,
     /// The file this came from, for reloads.
     pub source: Option<PathBuf>,
+    /// `[trace] path`: where the workload trace is appended (`None`: no trace). Read at
+    /// start-up; a reload does not change it.
+    pub trace: Option<PathBuf>,
 }
 
 /// `[tls]`, checked: the files existed and parsed when the config was validated.

@@ -55,7 +55,7 @@ use crate::openai::edit;
 use crate::openai::error::{from_backend_redacted, insert_retry_after};
 use crate::openai::{ApiError, RequestFields};
 use crate::routing::RouteInput;
-use crate::settle::Settle;
+use crate::settle::{Outcome, Settle, SettleHook};
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
 use crate::upstream::{self as forward, retry_after, retryable_status, AttemptError};
@@ -155,6 +155,8 @@ struct Prepared {
     /// Taken by the answering attempt's settlement; dropped (refunded) when none answers.
     permit: Option<Permit>,
     limit_headers: HeaderMap,
+    /// The workload trace, when `[trace]` is on.
+    trace: Option<Arc<crate::telemetry::trace::TraceWriter>>,
 }
 
 /// Everything before the first attempt: auth, content type, body, fields, allow-list,
@@ -203,6 +205,7 @@ async fn prepare(
         shapes,
         limit_headers: permit.headers(),
         permit: Some(permit),
+        trace: gw.trace.clone(),
     })
 }
 
@@ -622,7 +625,36 @@ fn settlement(
         sent_after,
         claimed.queued,
     ));
+    if let Some(trace) = &p.trace {
+        settle.hooks.push(trace_hook(p, trace.clone()));
+    }
     settle
+}
+
+/// The trace line of an answered request: counts and the prefix fingerprint, never text.
+fn trace_hook(p: &Prepared, trace: Arc<crate::telemetry::trace::TraceWriter>) -> SettleHook {
+    let model = p.resolved.canonical.clone();
+    let api = p.api.path();
+    let prefix = p.input.prefix_hash.map(|h| format!("{h:016x}"));
+    let prefix_tokens = p.input.prefix_tokens;
+    Box::new(move |o: &Outcome| {
+        let Some(u) = o.usage else {
+            return;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        trace.record(&crate::telemetry::trace::TraceLine {
+            ts: now.saturating_sub(o.elapsed).as_secs_f64(),
+            model: &model,
+            api,
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            cached_tokens: 0,
+            prefix: prefix.clone(),
+            prefix_tokens: if prefix.is_some() { prefix_tokens } else { 0 },
+        });
+    })
 }
 
 /// A successful answer on its way out: status, headers, the backend's body, its edits, and the

@@ -9,3 +9,4 @@ pub mod access;
 pub mod handles;
 pub mod logs;
 pub mod metrics;
+pub mod trace;

@@ -35,6 +35,7 @@ mod plan_accuracy;
 mod plan_cli;
 mod plan_inputs;
 mod plan_profile;
+mod plan_trace;
 mod redis_shared;
 mod routing_load_aware;
 mod routing_tokenize;

@@ -20,6 +20,7 @@ use std::collections::HashSet;
 use std::fmt::Display;
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::env::{expand, Env};
@@ -47,6 +48,10 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
     let queue = membership::queue(&mut p, &f.queue);
     let (tls, backend_tls) = tls::tls(&mut p, &f, env);
     let reload = reload(&mut p, &f.reload);
+    let trace = f.trace.as_ref().map(|t| PathBuf::from(t.path.trim()));
+    if trace.as_ref().is_some_and(|t| t.as_os_str().is_empty()) {
+        p.push("trace.path", "must name a file");
+    }
     if !p.0.is_empty() {
         return Err(p.0);
     }
@@ -69,6 +74,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         backend_tls,
         reload,
         source: None,
+        trace,
     })
 }
 
