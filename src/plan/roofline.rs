@@ -338,6 +338,23 @@ mod tests {
         assert!(smallest_fit(l4, 2, &seventy_b, 1000.0, 8192, 256).is_err());
     }
 
+    /// A published figure: Llama 3.1 8B Instruct (bf16) under vLLM 0.23.0 on one A100 40 GB
+    /// decodes "at about 75 tokens/sec" at one request, 1024-token prompts and 128-token answers
+    /// (J. Musgrave, "vLLM throughput-latency sweep on NVIDIA A100",
+    /// https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on). The roofline predicts
+    /// 66.7 tokens/s: a ratio of 0.89.
+    #[test]
+    fn the_roofline_is_near_a_published_single_request_decode_speed() {
+        let a100 = accelerator("a100-pcie-40gb").expect("in the catalogue");
+        let e = estimate(a100, 1, &llama3_8b(), 1024.0 + 64.0, 1152, 256).expect("fits");
+        let step = (e.timing.decode_base + e.timing.decode_per_seq).as_secs_f64();
+        let ratio = (1.0 / step) / 75.0;
+        assert!(
+            (0.85..0.95).contains(&ratio),
+            "predicted/published = {ratio:.3}"
+        );
+    }
+
     #[test]
     fn load_time_is_bytes_over_line_rate() {
         let t = load_times(12.5e9);
