@@ -181,6 +181,7 @@ async fn prepare(
     record.stream = fields.stream;
     let pin = api.pin(&body, &identity.tenant)?;
     let resolved = resolve(rt, api, &identity, &fields, pin.as_ref())?;
+    let resolved = keep_state(rt, api, &body, &fields, pin.as_ref(), resolved)?;
     record.model = resolved.canonical.clone();
     let policy = resolved.policy.unwrap_or(config.routing.policy);
     let shapes = gw.router.shapes.clone();
@@ -245,6 +246,40 @@ fn resolve(
         }
     }
     Ok(resolved)
+}
+
+/// A request that needs state kept by its backend (a stored or background response) goes
+/// only to backends that keep it; `Err` when the model has none, or when the pinned holder is
+/// one that keeps nothing.
+fn keep_state(
+    rt: &Runtime,
+    api: &dyn ClientApi,
+    body: &[u8],
+    fields: &RequestFields,
+    pin: Option<&Pin>,
+    mut resolved: Resolved,
+) -> Result<Resolved, ApiError> {
+    let Some(field) = api.needs_state(body) else {
+        return Ok(resolved);
+    };
+    let kinds: Vec<_> = resolved.candidates.iter().map(|(b, _)| b.kind()).collect();
+    resolved
+        .candidates
+        .retain(|(b, _)| api.keeps_state(b.kind()));
+    if !resolved.candidates.is_empty() {
+        return Ok(resolved);
+    }
+    let holder = pin.and_then(|p| {
+        rt.fleet
+            .backends()
+            .iter()
+            .find(|b| p.holds(b.name()))
+            .map(|b| (p, b))
+    });
+    Err(match holder {
+        Some((pin, b)) => pin.not_stored(b.name()),
+        None => api.stateless(&fields.model, field, &kinds),
+    })
 }
 
 /// The request's expected size for routing and admission: the prompt's exact count for a large

@@ -89,6 +89,9 @@ async fn forward(
         .find(|b| pin.holds(b.name()) && api.native(b.kind()))
         .cloned()
         .ok_or_else(|| pin.gone())?;
+    if !api.keeps_state(backend.kind()) {
+        return Err(pin.not_stored(backend.name()));
+    }
     record.backend = Some(backend.name().to_string());
     record.attempts = 1;
     let path = format!("{}/{}{}", api.path(), pin.backend_id, call.suffix());

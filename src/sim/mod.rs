@@ -101,6 +101,7 @@ pub mod fault;
 mod gen;
 mod metrics;
 mod ollama;
+mod ollama_compat;
 mod openai_surface;
 mod responses;
 mod server;

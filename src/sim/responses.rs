@@ -74,7 +74,7 @@ pub(crate) fn content_text(v: &Value) -> String {
 }
 
 /// The turns of a Responses `input`: a string (one user turn) or a list of items.
-fn input_turns(input: &Value) -> Vec<Turn> {
+pub(crate) fn input_turns(input: &Value) -> Vec<Turn> {
     let Value::Array(items) = input else {
         return vec![Turn::new("user", &content_text(input))];
     };

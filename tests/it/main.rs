@@ -10,6 +10,7 @@
 mod support;
 
 mod api_messages;
+mod api_ollama;
 mod api_responses;
 mod api_surface;
 mod cli;
