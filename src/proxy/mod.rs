@@ -666,7 +666,7 @@ type AnswerParts = (StatusCode, HeaderMap, Incoming, Edits, Settle);
 
 /// Whether the backend answered with an event stream (a backend may answer a stream request
 /// with a whole JSON body; it is then read whole).
-fn is_sse(headers: &HeaderMap) -> bool {
+pub(super) fn is_sse(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

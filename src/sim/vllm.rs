@@ -98,7 +98,7 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         ) => method_not_allowed(),
         _ => match response_route(&path) {
             Some((id, cancel)) if method == (if cancel { Method::POST } else { Method::GET }) => {
-                super::responses::by_id(sim, id, cancel)
+                super::responses::by_id(sim, id, cancel, req.uri().query())
             }
             // FastAPI: the path exists, not with this method (vLLM 0.32 has no DELETE)
             Some(_) => method_not_allowed(),
