@@ -31,6 +31,7 @@
 
 pub mod headers;
 pub mod observe;
+pub mod passthrough;
 pub mod sse;
 pub mod stored;
 

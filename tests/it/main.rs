@@ -11,6 +11,7 @@ mod support;
 
 mod api_messages;
 mod api_ollama;
+mod api_passthrough;
 mod api_responses;
 mod api_stored;
 mod api_surface;

@@ -12,6 +12,7 @@ mod backends;
 mod health;
 mod keys;
 mod membership;
+mod passthrough;
 mod routing;
 mod server;
 mod tls;
@@ -47,6 +48,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
     let queue = membership::queue(&mut p, &f.queue);
     let (tls, backend_tls) = tls::tls(&mut p, &f, env);
     let reload = reload(&mut p, &f.reload);
+    let passthrough = passthrough::rules(&mut p, &f);
     if !p.0.is_empty() {
         return Err(p.0);
     }
@@ -68,8 +70,14 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         tls,
         backend_tls,
         reload,
+        passthrough,
         source: None,
     })
+}
+
+/// The paths under `/v1/` Sluice serves itself, which no `[[passthrough]]` rule may take.
+pub fn passthrough_served() -> &'static [&'static str] {
+    passthrough::SERVED
 }
 
 /// The smallest `[reload] interval`: the watcher does not poll more often.
