@@ -49,6 +49,9 @@ pub struct Gateway {
     pub discovered: Discovered,
     /// Serialises fleet rebuilds, so two concurrent changes cannot lose one another.
     rebuild_lock: Mutex<()>,
+    /// The runtime the gateway was built on (the control runtime): work that outlives a
+    /// request, such as following a background response, runs there.
+    pub main: tokio::runtime::Handle,
 }
 
 impl Gateway {
@@ -79,6 +82,7 @@ impl Gateway {
             registrations: Registrations::default(),
             discovered: Discovered::default(),
             rebuild_lock: Mutex::new(()),
+            main: tokio::runtime::Handle::current(),
         });
         spawn_membership(Arc::downgrade(&gw));
         gw

@@ -218,6 +218,12 @@ pub trait ClientApi: Send + Sync {
         Err(ApiError::not_found_path(id))
     }
 
+    /// For a whole answer that is not final (a background response still queued or running,
+    /// without usage): the backend's id to follow it by (`GET <path>/<id>`) until it is.
+    fn pending(&self, _whole: &[u8]) -> Option<String> {
+        None
+    }
+
     /// How this API's request bodies are encoded: JSON (checked as such, parsed by
     /// [`ClientApi::parse`], sent as `application/json`) unless the API says otherwise.
     fn body_form(&self) -> BodyForm {

@@ -324,6 +324,23 @@ impl ClientApi for Responses {
         }
     }
 
+    fn pending(&self, whole: &[u8]) -> Option<String> {
+        #[derive(Deserialize)]
+        struct Status<'a> {
+            #[serde(borrow, default)]
+            id: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            status: Option<Cow<'a, str>>,
+            #[serde(default)]
+            usage: Option<UsageLite>,
+        }
+        let s: Status<'_> = serde_json::from_slice(whole).ok()?;
+        let running = matches!(s.status.as_deref(), Some("queued" | "in_progress"));
+        (running && s.usage.is_none())
+            .then(|| s.id.map(Cow::into_owned))
+            .flatten()
+    }
+
     fn keeps_state(&self, kind: BackendKind) -> bool {
         kind == BackendKind::Vllm // Ollama answers but stores nothing
     }
@@ -485,6 +502,22 @@ mod tests {
         );
         assert!(RESPONSES.inspect(b"{not json").invalid);
         assert_eq!(RESPONSES.end_event(), None);
+    }
+
+    #[test]
+    fn a_background_answer_is_pending_until_final() {
+        let queued = br#"{"id":"resp_1","status":"queued","usage":null}"#;
+        assert_eq!(RESPONSES.pending(queued).as_deref(), Some("resp_1"));
+        let running = br#"{"id":"resp_1","status":"in_progress"}"#;
+        assert_eq!(RESPONSES.pending(running).as_deref(), Some("resp_1"));
+        for done in [
+            &br#"{"id":"resp_1","status":"completed","usage":{"input_tokens":1,"output_tokens":2}}"#[..],
+            br#"{"id":"resp_1","status":"cancelled","usage":null}"#,
+            br#"{"id":"resp_1","status":"failed"}"#,
+            br#"not json"#,
+        ] {
+            assert_eq!(RESPONSES.pending(done), None);
+        }
     }
 
     #[test]

@@ -29,6 +29,7 @@
 //! - No network input can panic this code; every failure is an [`ApiError`], shaped for the
 //!   client by its API.
 
+pub mod background;
 pub mod headers;
 pub mod observe;
 pub mod passthrough;
@@ -155,6 +156,8 @@ struct Prepared {
     shapes: Arc<ModelShapes>,
     /// Taken by the answering attempt's settlement; dropped (refunded) when none answers.
     permit: Option<Permit>,
+    /// Where a background response's follower runs ([`background`]).
+    main: tokio::runtime::Handle,
     limit_headers: HeaderMap,
 }
 
@@ -205,6 +208,7 @@ async fn prepare(
         shapes,
         limit_headers: permit.headers(),
         permit: Some(permit),
+        main: gw.main.clone(),
     })
 }
 
@@ -646,9 +650,17 @@ fn settlement(
     settle.guard = Some(claimed.guard);
     settle.prompt_estimate = p.fields.prompt_tokens_estimate;
     if let Some(permit) = permit {
+        let follow = background::Follow {
+            api: p.api,
+            backend: backend.clone(),
+            tenant: p.identity.tenant.clone(),
+            model: p.resolved.canonical.clone(),
+            main: p.main.clone(),
+        };
+        let hook = permit.with_backend(backend.name()).into_hook();
         settle
             .hooks
-            .push(permit.with_backend(backend.name()).into_hook());
+            .push(background::settle_or_follow(hook, follow));
     }
     settle.hooks.push(observe::learn_hook(
         backend.clone(),
@@ -725,6 +737,9 @@ async fn whole_answer(
         }
     };
     settle.complete = true;
+    if settle.usage.is_none() {
+        settle.pending = api.pending(&whole);
+    }
     let whole = if edits.edits_whole() {
         api.edit(&whole, &edits).unwrap_or(whole)
     } else {

@@ -6,6 +6,8 @@
 
 use crate::support;
 
+use std::time::Duration;
+
 use serde_json::{json, Value};
 use sluice::api::responses::ids;
 use sluice::sim::{Fault, FaultMode, SimConfig, SimHandle, SimKind};
@@ -228,6 +230,106 @@ async fn calls_by_id_count_against_request_limits_not_token_limits() {
             .all(|r| r["prompt_tokens"].as_u64().unwrap_or(0) == 0
                 && r["completion_tokens"].as_u64().unwrap_or(0) == 0),
         "{usage}"
+    );
+    g.stop().await;
+}
+
+/// A background create is answered at once without usage; the gateway follows it on its
+/// holder and reconciles the reservation and the usage with the real counts once, when it is
+/// final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_response_is_reconciled_when_it_finishes() {
+    let v = sim_with(
+        SimConfig::new(SimKind::Vllm, vec!["st".into()])
+            .speed(1.0)
+            .responses_store(true)
+            .max_model_len(32_768)
+            .output_tokens(30, 30),
+    )
+    .await;
+    let (key, block) = key_block("bg", "tokens_per_minute = 12000");
+    let mut t = String::from(FAST_HEALTH);
+    t.push_str(&block);
+    t.push_str(&backend("bg-vllm", "vllm", &v.url(), &["st"]));
+    let g = TestGateway::start_healthy(&t).await;
+    let c = client();
+    let bg = json!({"model":"st","input":"Hello there","background":true,
+                    "max_output_tokens":10000});
+    let post = |body: Value| {
+        c.post(g.url("/v1/responses"))
+            .bearer_auth(&key)
+            .json(&body)
+            .send()
+    };
+    let r = post(bg.clone()).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let created: Value = r.json().await.unwrap();
+    assert_eq!(created["status"], "queued");
+    assert!(created["usage"].is_null());
+    let id = created["id"].as_str().unwrap().to_string();
+
+    // While it runs, its 10000-token reservation holds: a second one does not fit.
+    let r = post(bg.clone()).await.unwrap();
+    assert_eq!(
+        r.status(),
+        429,
+        "the reservation is held while the response runs"
+    );
+
+    // Once it is final, the follower reconciles: the real usage is counted, exactly once, and
+    // the reservation is given back, so the same request fits again.
+    let done = poll(Duration::from_secs(20), "the response finishes", || {
+        let (c, url) = (c.clone(), g.url(&format!("/v1/responses/{id}")));
+        let key = key.clone();
+        async move {
+            let v: Value = c
+                .get(url)
+                .bearer_auth(key)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (v["status"] == "completed").then_some(v)
+        }
+    })
+    .await;
+    let real = &done["usage"];
+    assert_eq!(real["output_tokens"], 30);
+    let rows = poll(Duration::from_secs(10), "usage reconciled", || {
+        let (c, url) = (c.clone(), g.admin_url("/admin/usage"));
+        async move {
+            let v: Value = c.get(url).send().await.ok()?.json().await.ok()?;
+            let rows: Vec<Value> = v["rows"]
+                .as_array()?
+                .iter()
+                .filter(|r| r["tenant"] == "team" && r["completion_tokens"].as_u64() > Some(0))
+                .cloned()
+                .collect();
+            (!rows.is_empty()).then_some(rows)
+        }
+    })
+    .await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["completion_tokens"], 30);
+    assert_eq!(rows[0]["prompt_tokens"], real["input_tokens"]);
+    assert_eq!(rows[0]["backend"], "bg-vllm");
+    let metrics = g.metrics_text().await;
+    let completion = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("sluice_completion_tokens_total")
+                && l.contains("endpoint=\"responses\"")
+                && l.contains("tenant=\"team\"")
+        })
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(completion.ends_with(" 30"), "{completion}");
+    let r = post(bg.clone()).await.unwrap();
+    assert_eq!(
+        r.status(),
+        200,
+        "the reservation was reconciled to the real usage"
     );
     g.stop().await;
 }
