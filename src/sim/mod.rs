@@ -103,6 +103,7 @@ mod metrics;
 mod ollama;
 mod ollama_compat;
 mod openai_surface;
+mod pooling;
 mod responses;
 mod server;
 mod text;

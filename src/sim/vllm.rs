@@ -79,6 +79,8 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         ("/v1/messages/count_tokens", &Method::POST) => {
             super::anthropic::count_tokens(sim, req).await
         }
+        ("/v1/rerank" | "/rerank", &Method::POST) => super::pooling::rerank(sim, req).await,
+        ("/v1/score" | "/score", &Method::POST) => super::pooling::score_pairs(sim, req).await,
         (
             "/health"
             | "/ping"
@@ -93,7 +95,11 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
             | "/v1/messages"
             | "/v1/messages/count_tokens"
             | "/tokenize"
-            | "/detokenize",
+            | "/detokenize"
+            | "/v1/rerank"
+            | "/rerank"
+            | "/v1/score"
+            | "/score",
             _,
         ) => method_not_allowed(),
         _ => match response_route(&path) {

@@ -774,3 +774,64 @@ async fn a_continued_conversation_hits_the_prefix_cache() {
         cached
     );
 }
+
+#[tokio::test]
+async fn rerank_and_score_answer_as_vllm_does() {
+    let sim = start(SimKind::Vllm, &["bge-rr"], |c| c.speed(0.0)).await;
+    let c = client();
+    let url = |p: &str| format!("{}{p}", sim.url());
+    let body = serde_json::json!({"model":"bge-rr","query":"sky","documents":["the sky","a sea","red"],"top_n":2});
+    let raw = post_json(&c, url("/v1/rerank"), &body)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    assert!(v["id"].as_str().unwrap().starts_with("rerank-"));
+    assert_eq!(keys(&raw)[..4], ["id", "model", "usage", "prompt_tokens"]);
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    assert!(results[0]["relevance_score"].as_f64() >= results[1]["relevance_score"].as_f64());
+    assert!(results[0]["document"]["text"].is_string());
+    assert_eq!(v["usage"]["prompt_tokens"], v["usage"]["total_tokens"]);
+    let again: serde_json::Value = post_for_json(&c, url("/rerank"), &body).await;
+    assert_eq!(again["results"], v["results"], "deterministic");
+    let s: serde_json::Value = post_for_json(
+        &c,
+        url("/v1/score"),
+        &serde_json::json!({"model":"bge-rr","text_1":"sky","text_2":["the sky","a sea"]}),
+    )
+    .await;
+    assert_eq!(
+        (s["object"].as_str(), s["data"][1]["object"].as_str()),
+        (Some("list"), Some("score"))
+    );
+    assert_eq!(s["data"][1]["index"], 1);
+    assert_eq!(s["usage"]["completion_tokens"], 0);
+    // vLLM's errors: a missing field (pydantic), an unknown model, unequal pair lists.
+    for (path, bad, status) in [
+        (
+            "/v1/rerank",
+            serde_json::json!({"model":"bge-rr","query":"x"}),
+            400,
+        ),
+        (
+            "/v1/score",
+            serde_json::json!({"model":"bge-rr","text_1":"x"}),
+            400,
+        ),
+        (
+            "/v1/rerank",
+            serde_json::json!({"model":"nope","query":"x","documents":["a"]}),
+            404,
+        ),
+        (
+            "/v1/score",
+            serde_json::json!({"model":"bge-rr","text_1":["a","b"],"text_2":["a","b","c"]}),
+            400,
+        ),
+    ] {
+        let r = post_json(&c, url(path), &bad).await;
+        assert_eq!(r.status(), status, "{path} {bad}");
+    }
+}
