@@ -95,6 +95,7 @@
 //!   (`/api/pull`, …) and legacy `/api/embeddings`.
 
 mod anthropic;
+mod audio;
 pub mod config;
 mod engine;
 pub mod fault;

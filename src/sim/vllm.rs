@@ -81,6 +81,12 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         }
         ("/v1/rerank" | "/rerank", &Method::POST) => super::pooling::rerank(sim, req).await,
         ("/v1/score" | "/score", &Method::POST) => super::pooling::score_pairs(sim, req).await,
+        ("/v1/audio/transcriptions", &Method::POST) => {
+            super::audio::speech_to_text(sim, req, false).await
+        }
+        ("/v1/audio/translations", &Method::POST) => {
+            super::audio::speech_to_text(sim, req, true).await
+        }
         (
             "/health"
             | "/ping"
@@ -99,7 +105,9 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
             | "/v1/rerank"
             | "/rerank"
             | "/v1/score"
-            | "/score",
+            | "/score"
+            | "/v1/audio/transcriptions"
+            | "/v1/audio/translations",
             _,
         ) => method_not_allowed(),
         _ => match response_route(&path) {

@@ -835,3 +835,56 @@ async fn rerank_and_score_answer_as_vllm_does() {
         assert_eq!(r.status(), status, "{path} {bad}");
     }
 }
+
+#[tokio::test]
+async fn speech_to_text_answers_as_vllm_does() {
+    let sim = start(SimKind::Vllm, &["whisper"], |c| c.speed(0.0)).await;
+    let c = client();
+    let form = |fields: &[(&str, &[u8])]| {
+        let mut b = Vec::new();
+        for (name, value) in fields {
+            b.extend_from_slice(
+                format!("--XB\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n")
+                    .as_bytes(),
+            );
+            b.extend_from_slice(value);
+            b.extend_from_slice(b"\r\n");
+        }
+        b.extend_from_slice(b"--XB--\r\n");
+        b
+    };
+    let send = |path: &str, ct: &str, body: Vec<u8>| {
+        c.post(format!("{}{path}", sim.url()))
+            .header("content-type", ct.to_string())
+            .body(body)
+            .send()
+    };
+    let ct = "multipart/form-data; boundary=XB";
+    let audio = vec![7u8; 70_000]; // a little over 2 s at 16 kHz, 16-bit
+    let ok = form(&[("file", &audio), ("model", b"whisper")]);
+    let v: Value = send("/v1/audio/transcriptions", ct, ok.clone())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["usage"], json!({"type":"duration","seconds":3}));
+    assert_eq!(v["text"].as_str().unwrap().split(' ').count(), 6);
+    let t: Value = send("/v1/audio/translations", ct, ok)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(t, json!({"text": v["text"]}), "no usage on translations");
+    for (body, content_type, status) in [
+        (form(&[("model", b"whisper")]), ct, 400),
+        (b"{}".to_vec(), "application/json", 400),
+        (form(&[("file", &audio), ("model", b"nope")]), ct, 404),
+    ] {
+        let r = send("/v1/audio/transcriptions", content_type, body)
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status);
+    }
+}
