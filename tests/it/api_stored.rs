@@ -321,6 +321,7 @@ async fn a_background_response_is_reconciled_when_it_finishes() {
         .find(|l| {
             l.starts_with("sluice_completion_tokens_total")
                 && l.contains("endpoint=\"responses\"")
+                && l.contains("model=\"st\"")
                 && l.contains("tenant=\"team\"")
         })
         .unwrap_or_else(|| panic!("{metrics}"));
