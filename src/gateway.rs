@@ -51,6 +51,9 @@ pub struct Gateway {
     rebuild_lock: Mutex<()>,
     /// The workload trace (`[trace]`), opened at start-up.
     pub trace: Option<Arc<crate::telemetry::trace::TraceWriter>>,
+    /// The runtime the gateway was built on (the control runtime): work that outlives a
+    /// request, such as following a background response, runs there.
+    pub main: tokio::runtime::Handle,
 }
 
 impl Gateway {
@@ -88,6 +91,7 @@ impl Gateway {
             discovered: Discovered::default(),
             rebuild_lock: Mutex::new(()),
             trace,
+            main: tokio::runtime::Handle::current(),
         });
         spawn_membership(Arc::downgrade(&gw));
         gw

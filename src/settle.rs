@@ -15,7 +15,7 @@ use crate::openai::usage::Usage;
 use crate::telemetry::access::AccessRecord;
 
 /// How a request ended, for settlement hooks (limits reconcile with it).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Outcome {
     pub usage: Option<Usage>,
     /// The backend produced the whole answer.
@@ -23,6 +23,9 @@ pub struct Outcome {
     /// Since the request arrived: until the first token (streams), until the end.
     pub ttft: Option<Duration>,
     pub elapsed: Duration,
+    /// The answer is not final: the backend goes on producing it under this id (a background
+    /// response), so its usage comes later.
+    pub pending: Option<String>,
 }
 
 /// Work to do when a request is over.
@@ -40,6 +43,8 @@ pub struct Settle {
     pub prompt_estimate: u64,
     /// Text-bearing events streamed to the client (≈ tokens).
     pub streamed_tokens: u64,
+    /// See [`Outcome::pending`].
+    pub pending: Option<String>,
     done: bool,
 }
 
@@ -53,6 +58,7 @@ impl Settle {
             complete: false,
             prompt_estimate: 0,
             streamed_tokens: 0,
+            pending: None,
             done: false,
         }
     }
@@ -83,6 +89,7 @@ impl Settle {
             complete: self.complete,
             ttft: self.record.ttft,
             elapsed: self.record.started.elapsed(),
+            pending: self.pending.take(),
         };
         for hook in self.hooks.drain(..) {
             hook(&outcome);

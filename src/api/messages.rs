@@ -45,8 +45,8 @@ pub static MESSAGES: &dyn ClientApi = &Messages;
 /// `POST /v1/messages/count_tokens`.
 pub static COUNT_TOKENS: &dyn ClientApi = &CountTokens;
 
-/// Which backend kinds speak the Messages API natively. vLLM serves it since 0.32 (the
-/// captures). The `openai` kind is any OpenAI-compatible server, and OpenAI's API has no
+/// Which backend kinds speak the whole Messages API natively. vLLM serves it since 0.32 (the
+/// captures); Ollama serves `/v1/messages` but not `count_tokens`. The `openai` kind is any OpenAI-compatible server, and OpenAI's API has no
 /// `/v1/messages`: sending one there would turn a configuration question into a backend 404.
 fn native_kind(kind: BackendKind) -> bool {
     matches!(kind, BackendKind::Vllm)
@@ -265,10 +265,6 @@ macro_rules! shared_messages_api {
             "msg_"
         }
 
-        fn native(&self, kind: BackendKind) -> bool {
-            native_kind(kind)
-        }
-
         fn unserved(&self, model: &str, kinds: &[BackendKind]) -> ApiError {
             unserved(model, kinds)
         }
@@ -294,6 +290,10 @@ impl ClientApi for Messages {
         whole_usage(json)
     }
 
+    fn native(&self, kind: BackendKind) -> bool {
+        native_kind(kind) || kind == BackendKind::Ollama
+    }
+
     shared_messages_api!();
 }
 
@@ -317,6 +317,10 @@ impl ClientApi for CountTokens {
     fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
         // Checked to be JSON; `input_tokens` is a count, not usage (see the module doc).
         serde_json::from_slice::<serde::de::IgnoredAny>(json).map(|_| None)
+    }
+
+    fn native(&self, kind: BackendKind) -> bool {
+        native_kind(kind) // Ollama has no count_tokens
     }
 
     shared_messages_api!();
@@ -352,8 +356,10 @@ mod tests {
         assert_eq!(MESSAGES.path(), "/v1/messages");
         assert_eq!(MESSAGES.label(), "messages");
         assert!(MESSAGES.force_stream_usage(body, &f).is_none());
-        assert!(MESSAGES.native(BackendKind::Vllm));
-        for kind in [BackendKind::Tgi, BackendKind::Ollama, BackendKind::OpenAi] {
+        assert!(MESSAGES.native(BackendKind::Vllm) && COUNT_TOKENS.native(BackendKind::Vllm));
+        // Ollama serves /v1/messages but has no count_tokens.
+        assert!(MESSAGES.native(BackendKind::Ollama) && !COUNT_TOKENS.native(BackendKind::Ollama));
+        for kind in [BackendKind::Tgi, BackendKind::OpenAi] {
             assert!(!MESSAGES.native(kind) && !COUNT_TOKENS.native(kind));
         }
         let err = MESSAGES.unserved("m", &[BackendKind::Tgi, BackendKind::Ollama]);

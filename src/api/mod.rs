@@ -178,6 +178,34 @@ pub trait ClientApi: Send + Sync {
         Ok(None)
     }
 
+    /// The field of a request that asks the backend to keep state (store a response, run it in
+    /// the background, continue a stored one), when it does: only backends that
+    /// [`ClientApi::keeps_state`] are then candidates.
+    fn needs_state(&self, _body: &[u8]) -> Option<&'static str> {
+        None
+    }
+
+    /// Whether a backend of `kind` keeps what [`ClientApi::needs_state`] asks for (its answers
+    /// can be fetched, cancelled and continued later).
+    fn keeps_state(&self, _kind: BackendKind) -> bool {
+        true
+    }
+
+    /// The error for a request that needs state when none of the model's backends (of `kinds`)
+    /// keeps it.
+    fn stateless(&self, model: &str, field: &'static str, kinds: &[BackendKind]) -> ApiError {
+        let mut names: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        ApiError::bad_request(format!(
+            "`{field}` needs a backend that stores responses; the model `{model}` is served \
+             here only by backends that do not ({}).",
+            names.join(", ")
+        ))
+        .with_param(field)
+        .with_code("store_not_supported")
+    }
+
     /// For an API whose ids name the backend holding them: the prefix put before every id
     /// `backend` answers with for a caller of `tenant` ([`Edits::issue_ids`]).
     fn issued_ids(&self, _backend: &str, _tenant: &str) -> Option<String> {
@@ -188,6 +216,12 @@ pub trait ClientApi: Send + Sync {
     /// `tenant`; `Err` (the API's not-found answer) when the id is not one this tenant may use.
     fn locate(&self, id: &str, _tenant: &str) -> Result<Pin, ApiError> {
         Err(ApiError::not_found_path(id))
+    }
+
+    /// For a whole answer that is not final (a background response still queued or running,
+    /// without usage): the backend's id to follow it by (`GET <path>/<id>`) until it is.
+    fn pending(&self, _whole: &[u8]) -> Option<String> {
+        None
     }
 
     /// How this API's request bodies are encoded: JSON (checked as such, parsed by
@@ -234,6 +268,11 @@ impl Pin {
     /// The error when no backend of the fleet holds it any more.
     pub fn gone(&self) -> ApiError {
         responses::holder_gone(&self.id)
+    }
+
+    /// The error when its holder answered it but keeps nothing (an engine without a store).
+    pub fn not_stored(&self, backend: &str) -> ApiError {
+        responses::not_stored(&self.id, backend)
     }
 
     /// The error when its holder cannot be reached now.

@@ -66,6 +66,21 @@ pub fn holder_gone(id: &str) -> ApiError {
     .with_code("response_backend_gone")
 }
 
+/// The answer for an id answered by a backend that stores nothing (Ollama): it cannot be
+/// fetched, cancelled or continued.
+pub fn not_stored(id: &str, backend: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!(
+            "Response with id '{id}' not found: it was answered by backend `{backend}`, which \
+             does not store responses."
+        ),
+    )
+    .with_param("response_id")
+    .with_code("response_not_stored")
+}
+
 /// The answer for an id whose holding backend is in the fleet but cannot be reached now.
 pub fn holder_unavailable(id: &str, backend: &str) -> ApiError {
     ApiError::new(
@@ -87,6 +102,10 @@ struct Extra<'a> {
     max_output_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     previous_response_id: Option<&'a RawValue>,
+    #[serde(default)]
+    store: Option<bool>,
+    #[serde(default)]
+    background: Option<bool>,
 }
 
 /// A response object (a whole answer, or `response` in a lifecycle event), read borrowed.
@@ -286,7 +305,44 @@ impl ClientApi for Responses {
     }
 
     fn native(&self, kind: BackendKind) -> bool {
-        kind == BackendKind::Vllm
+        matches!(kind, BackendKind::Vllm | BackendKind::Ollama)
+    }
+
+    fn needs_state(&self, body: &[u8]) -> Option<&'static str> {
+        let extra = parse_extra(body).ok()?;
+        if extra
+            .previous_response_id
+            .is_some_and(|r| r.get() != "null")
+        {
+            Some("previous_response_id")
+        } else if extra.background == Some(true) {
+            Some("background")
+        } else if extra.store == Some(true) {
+            Some("store")
+        } else {
+            None
+        }
+    }
+
+    fn pending(&self, whole: &[u8]) -> Option<String> {
+        #[derive(Deserialize)]
+        struct Status<'a> {
+            #[serde(borrow, default)]
+            id: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            status: Option<Cow<'a, str>>,
+            #[serde(default)]
+            usage: Option<UsageLite>,
+        }
+        let s: Status<'_> = serde_json::from_slice(whole).ok()?;
+        let running = matches!(s.status.as_deref(), Some("queued" | "in_progress"));
+        (running && s.usage.is_none())
+            .then(|| s.id.map(Cow::into_owned))
+            .flatten()
+    }
+
+    fn keeps_state(&self, kind: BackendKind) -> bool {
+        kind == BackendKind::Vllm // Ollama answers but stores nothing
     }
 
     fn unserved(&self, model: &str, _kinds: &[BackendKind]) -> ApiError {
@@ -295,7 +351,7 @@ impl ClientApi for Responses {
             "invalid_request_error",
             format!(
                 "The model `{model}` is not served by any backend that speaks the Responses API \
-                 (only vLLM backends do); use /v1/chat/completions for it."
+                 (vLLM and Ollama backends do); use /v1/chat/completions for it."
             ),
         )
         .with_param("model")
@@ -382,10 +438,42 @@ mod tests {
         ] {
             assert_eq!(RESPONSES.parse(bad).unwrap_err().status, 400);
         }
-        assert!(RESPONSES.native(BackendKind::Vllm));
-        for kind in [BackendKind::Tgi, BackendKind::Ollama, BackendKind::OpenAi] {
+        assert!(RESPONSES.native(BackendKind::Vllm) && RESPONSES.native(BackendKind::Ollama));
+        for kind in [BackendKind::Tgi, BackendKind::OpenAi] {
             assert!(!RESPONSES.native(kind));
         }
+        // Ollama answers but stores nothing: what needs a store goes to vLLM only.
+        assert!(
+            RESPONSES.keeps_state(BackendKind::Vllm) && !RESPONSES.keeps_state(BackendKind::Ollama)
+        );
+        for (body, field) in [
+            (
+                &br#"{"model":"m","input":"x","previous_response_id":"resp_1"}"#[..],
+                Some("previous_response_id"),
+            ),
+            (
+                br#"{"model":"m","input":"x","background":true}"#,
+                Some("background"),
+            ),
+            (br#"{"model":"m","input":"x","store":true}"#, Some("store")),
+            (
+                br#"{"model":"m","input":"x","store":false,"background":false}"#,
+                None,
+            ),
+            (
+                br#"{"model":"m","input":"x","previous_response_id":null}"#,
+                None,
+            ),
+            (br#"{"model":"m","input":"x"}"#, None),
+        ] {
+            assert_eq!(RESPONSES.needs_state(body), field);
+        }
+        let err = RESPONSES.stateless("m", "store", &[BackendKind::Ollama]);
+        assert_eq!(
+            (err.status.as_u16(), err.param.as_deref()),
+            (400, Some("store"))
+        );
+        assert!(err.message.contains("(ollama)"), "{}", err.message);
         let err = RESPONSES.unserved("m", &[BackendKind::Tgi]);
         assert!(err.status == 404 && err.message.contains("Responses API"));
     }
@@ -414,6 +502,22 @@ mod tests {
         );
         assert!(RESPONSES.inspect(b"{not json").invalid);
         assert_eq!(RESPONSES.end_event(), None);
+    }
+
+    #[test]
+    fn a_background_answer_is_pending_until_final() {
+        let queued = br#"{"id":"resp_1","status":"queued","usage":null}"#;
+        assert_eq!(RESPONSES.pending(queued).as_deref(), Some("resp_1"));
+        let running = br#"{"id":"resp_1","status":"in_progress"}"#;
+        assert_eq!(RESPONSES.pending(running).as_deref(), Some("resp_1"));
+        for done in [
+            &br#"{"id":"resp_1","status":"completed","usage":{"input_tokens":1,"output_tokens":2}}"#[..],
+            br#"{"id":"resp_1","status":"cancelled","usage":null}"#,
+            br#"{"id":"resp_1","status":"failed"}"#,
+            br#"not json"#,
+        ] {
+            assert_eq!(RESPONSES.pending(done), None);
+        }
     }
 
     #[test]

@@ -49,6 +49,12 @@ pub struct FileConfig {
     pub reload: ReloadSection,
     /// A privacy-safe workload trace for `sluice plan` (off unless present).
     pub trace: Option<TraceSection>,
+    /// Pass-through rules: other paths under `/v1/` forwarded as they are.
+    #[serde(default)]
+    pub passthrough: Vec<PassthroughSection>,
+    /// Named groups of `[[backends]]` a pass-through rule can send to.
+    #[serde(default)]
+    pub groups: Vec<GroupSection>,
 }
 
 /// `[trace]`: append one JSON line per answered request (arrival time, model, API, token
@@ -57,6 +63,27 @@ pub struct FileConfig {
 #[serde(deny_unknown_fields)]
 pub struct TraceSection {
     pub path: String,
+}
+
+/// `[[passthrough]]`: requests whose path starts with `prefix` are forwarded as they are,
+/// routed by the JSON body's `model_field` or sent to the backends of `group` (exactly one).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PassthroughSection {
+    pub prefix: String,
+    pub model_field: Option<String>,
+    pub group: Option<String>,
+    /// HTTP methods the rule takes (default `["POST"]`).
+    pub methods: Option<Vec<String>>,
+}
+
+/// `[[groups]]`: a named set of configured backends.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSection {
+    pub name: String,
+    #[serde(default)]
+    pub backends: Vec<String>,
 }
 
 /// `[tls]`: serve the client listener over TLS (HTTP/2 and HTTP/1.1 negotiated by ALPN).

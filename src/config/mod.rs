@@ -15,7 +15,8 @@ pub mod validate;
 
 pub use runtime::{
     AdminConfig, BackendConfig, BackendKind, BackendTlsConfig, Config, HealthConfig, KeyConfig,
-    ModelConfig, PolicyKind, ReloadConfig, RoutingConfig, ServerConfig, Timeouts, TlsConfig,
+    ModelConfig, PassTarget, PassthroughRule, PolicyKind, ReloadConfig, RoutingConfig,
+    ServerConfig, Timeouts, TlsConfig,
 };
 
 use std::path::Path;

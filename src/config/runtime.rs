@@ -52,6 +52,8 @@ pub struct Config {
     pub backend_tls: BackendTlsConfig,
     /// `[reload]`: watching the file for changes.
     pub reload: ReloadConfig,
+    /// `[[passthrough]]`: the rules for other paths under `/v1/`, longest prefix first.
+    pub passthrough: Vec<PassthroughRule>,
     /// The file this came from, for reloads.
     pub source: Option<PathBuf>,
     /// `[trace] path`: where the workload trace is appended (`None`: no trace). Read at
@@ -82,6 +84,33 @@ impl Default for BackendTlsConfig {
             system_roots: true,
         }
     }
+}
+
+/// One `[[passthrough]]` rule, checked.
+#[derive(Debug, Clone)]
+pub struct PassthroughRule {
+    /// A path under `/v1/` without a trailing slash; it matches itself and what is below it.
+    pub prefix: String,
+    pub target: PassTarget,
+    /// Upper-case HTTP methods.
+    pub methods: Vec<http::Method>,
+}
+
+impl PassthroughRule {
+    /// Whether `path` is the prefix or below it (at a `/`).
+    pub fn matches(&self, path: &str) -> bool {
+        path.strip_prefix(self.prefix.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+}
+
+/// Where a pass-through rule sends a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PassTarget {
+    /// Routed like any request by the model named in this top-level JSON field of the body.
+    ModelField(String),
+    /// Sent to these configured backends (a `[[groups]]` entry), by name.
+    Group { name: String, backends: Vec<String> },
 }
 
 /// `[reload]`, checked.

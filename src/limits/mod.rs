@@ -139,6 +139,24 @@ impl Limits {
         model: &str,
         tokens: u64,
     ) -> Result<Permit, ApiError> {
+        self.admit_checks(identity, model, tokens, |_| true).await
+    }
+
+    /// Admit a request that generates nothing (a call on a stored response by its id): only
+    /// the requests-per-window limits apply; no tokens are reserved and no usage is recorded.
+    /// `what` names it in a refusal.
+    pub async fn admit_request(&self, identity: &Identity, what: &str) -> Result<Permit, ApiError> {
+        self.admit_checks(identity, what, 0, |c| c.kind == Kind::Requests)
+            .await
+    }
+
+    async fn admit_checks(
+        &self,
+        identity: &Identity,
+        model: &str,
+        tokens: u64,
+        keep: impl Fn(&Check) -> bool,
+    ) -> Result<Permit, ApiError> {
         let s = self.settings.load_full();
         let key_limits = identity
             .config
@@ -147,13 +165,14 @@ impl Limits {
             .unwrap_or_default()
             .or(s.defaults);
         let tenant_limits = s.tenants.get(&identity.tenant).copied();
-        let checks = plan::checks(
+        let mut checks = plan::checks(
             &identity.key,
             key_limits,
             &identity.tenant,
             tenant_limits,
             tokens,
         );
+        checks.retain(|c| keep(c));
         let mut held = Held {
             store: None,
             checks: Vec::new(),

@@ -29,8 +29,10 @@
 //! - No network input can panic this code; every failure is an [`ApiError`], shaped for the
 //!   client by its API.
 
+pub mod background;
 pub mod headers;
 pub mod observe;
+pub mod passthrough;
 pub mod sse;
 pub mod stored;
 
@@ -154,6 +156,8 @@ struct Prepared {
     shapes: Arc<ModelShapes>,
     /// Taken by the answering attempt's settlement; dropped (refunded) when none answers.
     permit: Option<Permit>,
+    /// Where a background response's follower runs ([`background`]).
+    main: tokio::runtime::Handle,
     limit_headers: HeaderMap,
     /// The workload trace, when `[trace]` is on.
     trace: Option<Arc<crate::telemetry::trace::TraceWriter>>,
@@ -183,6 +187,7 @@ async fn prepare(
     record.stream = fields.stream;
     let pin = api.pin(&body, &identity.tenant)?;
     let resolved = resolve(rt, api, &identity, &fields, pin.as_ref())?;
+    let resolved = keep_state(rt, api, &body, &fields, pin.as_ref(), resolved)?;
     record.model = resolved.canonical.clone();
     let policy = resolved.policy.unwrap_or(config.routing.policy);
     let shapes = gw.router.shapes.clone();
@@ -206,6 +211,7 @@ async fn prepare(
         limit_headers: permit.headers(),
         permit: Some(permit),
         trace: gw.trace.clone(),
+        main: gw.main.clone(),
     })
 }
 
@@ -248,6 +254,40 @@ fn resolve(
         }
     }
     Ok(resolved)
+}
+
+/// A request that needs state kept by its backend (a stored or background response) goes
+/// only to backends that keep it; `Err` when the model has none, or when the pinned holder is
+/// one that keeps nothing.
+fn keep_state(
+    rt: &Runtime,
+    api: &dyn ClientApi,
+    body: &[u8],
+    fields: &RequestFields,
+    pin: Option<&Pin>,
+    mut resolved: Resolved,
+) -> Result<Resolved, ApiError> {
+    let Some(field) = api.needs_state(body) else {
+        return Ok(resolved);
+    };
+    let kinds: Vec<_> = resolved.candidates.iter().map(|(b, _)| b.kind()).collect();
+    resolved
+        .candidates
+        .retain(|(b, _)| api.keeps_state(b.kind()));
+    if !resolved.candidates.is_empty() {
+        return Ok(resolved);
+    }
+    let holder = pin.and_then(|p| {
+        rt.fleet
+            .backends()
+            .iter()
+            .find(|b| p.holds(b.name()))
+            .map(|b| (p, b))
+    });
+    Err(match holder {
+        Some((pin, b)) => pin.not_stored(b.name()),
+        None => api.stateless(&fields.model, field, &kinds),
+    })
 }
 
 /// The request's expected size for routing and admission: the prompt's exact count for a large
@@ -613,9 +653,17 @@ fn settlement(
     settle.guard = Some(claimed.guard);
     settle.prompt_estimate = p.fields.prompt_tokens_estimate;
     if let Some(permit) = permit {
+        let follow = background::Follow {
+            api: p.api,
+            backend: backend.clone(),
+            tenant: p.identity.tenant.clone(),
+            model: p.resolved.canonical.clone(),
+            main: p.main.clone(),
+        };
+        let hook = permit.with_backend(backend.name()).into_hook();
         settle
             .hooks
-            .push(permit.with_backend(backend.name()).into_hook());
+            .push(background::settle_or_follow(hook, follow));
     }
     settle.hooks.push(observe::learn_hook(
         backend.clone(),
@@ -663,7 +711,7 @@ type AnswerParts = (StatusCode, HeaderMap, Incoming, Edits, Settle);
 
 /// Whether the backend answered with an event stream (a backend may answer a stream request
 /// with a whole JSON body; it is then read whole).
-fn is_sse(headers: &HeaderMap) -> bool {
+pub(super) fn is_sse(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -721,6 +769,9 @@ async fn whole_answer(
         }
     };
     settle.complete = true;
+    if settle.usage.is_none() {
+        settle.pending = api.pending(&whole);
+    }
     let whole = if edits.edits_whole() {
         api.edit(&whole, &edits).unwrap_or(whole)
     } else {

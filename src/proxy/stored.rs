@@ -6,16 +6,25 @@
 //! the fleet gets the "gone" answer, one that cannot be reached the "unavailable" one (503
 //! with `Retry-After`); whatever the holder answers is passed on, with its ids put back into
 //! the client's form. Nothing here is retried elsewhere: no other backend has the object.
+//!
+//! The client's query string (`?stream=true`, `starting_after`, `include[]`) is forwarded as
+//! it came. A streamed answer (a background response replayed as events) is relayed event by
+//! event with the ids rewritten, ending with the API's error event if the holder breaks or
+//! goes idle. Each call counts as one request against the caller's requests-per-window limits;
+//! it generates nothing, so no tokens are reserved or counted.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
 use axum::response::Response;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{Method, Request, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
 
+use super::observe::Redactor;
+use super::sse::{event_data_borrowed, lines, SseScanner};
 use super::{headers, read_capped, MAX_ERROR_BODY};
 use crate::api::{ClientApi, Edits, Pin};
 use crate::fleet::Backend;
@@ -89,9 +98,58 @@ async fn forward(
         .find(|b| pin.holds(b.name()) && api.native(b.kind()))
         .cloned()
         .ok_or_else(|| pin.gone())?;
+    if !api.keeps_state(backend.kind()) {
+        return Err(pin.not_stored(backend.name()));
+    }
+    let limit_headers = gw
+        .limits
+        .admit_request(&identity, api.label())
+        .await?
+        .headers();
+    let holder = Holder {
+        pin: &pin,
+        backend,
+        tenant: &identity.tenant,
+    };
+    let mut answer = call_holder(&rt, api, call, holder, req, record)
+        .await
+        .map_err(|mut e| {
+            e.headers.extend(limit_headers.clone());
+            e
+        })?;
+    answer.headers_mut().extend(limit_headers);
+    Ok(answer)
+}
+
+/// The stored object's holder, for a caller of `tenant`.
+struct Holder<'a> {
+    pin: &'a Pin,
+    backend: Arc<Backend>,
+    tenant: &'a str,
+}
+
+/// Send the call to the holder, with the client's query string, and pass on its answer.
+async fn call_holder(
+    rt: &crate::gateway::Runtime,
+    api: &'static dyn ClientApi,
+    call: Call,
+    holder: Holder<'_>,
+    req: Request<Body>,
+    record: &mut AccessRecord,
+) -> Result<Response, ApiError> {
+    let Holder {
+        pin,
+        backend,
+        tenant,
+    } = holder;
     record.backend = Some(backend.name().to_string());
     record.attempts = 1;
-    let path = format!("{}/{}{}", api.path(), pin.backend_id, call.suffix());
+    let query = req
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let path = format!("{}/{}{}{query}", api.path(), pin.backend_id, call.suffix());
     let headers = headers::upstream_headers(
         req.headers(),
         &record.request_id,
@@ -113,28 +171,136 @@ async fn forward(
         pin.unavailable(backend.name())
     })?;
     let status = resp.status();
+    let edits = Edits {
+        issue_ids: api.issued_ids(backend.name(), tenant).map(Arc::from),
+        redact: backend.config.api_key.as_deref().map(Arc::from),
+        ..Edits::default()
+    };
+    let idle = backend.config.timeouts.idle;
+    if status.is_success() && super::is_sse(resp.headers()) {
+        record.stream = true;
+        let (parts, body) = resp.into_parts();
+        let relay = Relay::new(api, body, edits, idle);
+        let mut response = Response::new(relay.into_body());
+        *response.status_mut() = status;
+        *response.headers_mut() = headers::downstream_headers(&parts.headers);
+        return Ok(response);
+    }
     let (parts, body) = resp.into_parts();
     let limit = rt.config.server.max_response_bytes.max(MAX_ERROR_BODY);
-    let idle = backend.config.timeouts.idle;
     let body = read_capped(body, limit, idle, deadline)
         .await
         .map_err(|_| pin.unavailable(backend.name()))?;
     if !status.is_success() {
-        return Err(backend_error(&backend, &pin, status, &body));
+        return Err(backend_error(&backend, pin, status, &body));
     }
-    let edits = Edits {
-        issue_ids: api
-            .issued_ids(backend.name(), &identity.tenant)
-            .map(Arc::from),
-        redact: backend.config.api_key.as_deref().map(Arc::from),
-        ..Edits::default()
-    };
     let body = api.edit(&body, &edits).unwrap_or(body);
-    let body = super::observe::Redactor::new(edits.redact.as_deref()).apply(body);
+    let body = Redactor::new(edits.redact.as_deref()).apply(body);
     let mut response = Response::new(Body::new(Full::new(body)));
     *response.status_mut() = status;
     *response.headers_mut() = headers::downstream_headers(&parts.headers);
     Ok(response)
+}
+
+/// A streamed answer of the holder on its way to the client: whole events only, each one's
+/// data edited (ids in the client's form, the backend's key redacted), its other lines kept.
+struct Relay {
+    api: &'static dyn ClientApi,
+    upstream: Incoming,
+    scanner: SseScanner,
+    edits: Edits,
+    redactor: Redactor,
+    idle: std::time::Duration,
+    ended: bool,
+}
+
+impl Relay {
+    fn new(
+        api: &'static dyn ClientApi,
+        upstream: Incoming,
+        edits: Edits,
+        idle: std::time::Duration,
+    ) -> Relay {
+        Relay {
+            api,
+            upstream,
+            scanner: SseScanner::new(),
+            redactor: Redactor::new(edits.redact.as_deref()),
+            edits,
+            idle,
+            ended: false,
+        }
+    }
+
+    fn into_body(self) -> Body {
+        let stream = futures_util::stream::unfold(self, |mut relay| async move {
+            let chunk = relay.next_chunk().await?;
+            Some((Ok::<_, std::convert::Infallible>(Frame::data(chunk)), relay))
+        });
+        Body::new(StreamBody::new(stream))
+    }
+
+    /// The next bytes for the client; `None` once the stream is over.
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        while !self.ended {
+            let frame = match tokio::time::timeout(self.idle, self.upstream.frame()).await {
+                Ok(Some(Ok(frame))) => frame,
+                Ok(None) => {
+                    self.ended = true;
+                    let rest = self.scanner.take_rest();
+                    return (!rest.is_empty()).then(|| self.rewrite(rest));
+                }
+                Ok(Some(Err(e))) => return Some(self.fail(&format!("the stream broke: {e}"))),
+                Err(_) => return Some(self.fail("the stream went idle")),
+            };
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            if let Err(e) = self.scanner.feed(&data) {
+                return Some(self.fail(&e.to_string()));
+            }
+            let mut batch = BytesMut::new();
+            while let Some(event) = self.scanner.next_event() {
+                batch.extend_from_slice(&self.rewrite(event));
+            }
+            if !batch.is_empty() {
+                return Some(self.redactor.apply(batch.freeze()));
+            }
+        }
+        None
+    }
+
+    /// One event with its data edited; other lines (`event:`, `id:`) as they came.
+    fn rewrite(&self, event: Bytes) -> Bytes {
+        let Some(data) = event_data_borrowed(&event) else {
+            return event;
+        };
+        let Some(edited) = self.api.edit(&data, &self.edits) else {
+            return event;
+        };
+        let mut out = BytesMut::with_capacity(event.len() + 32);
+        for line in lines(&event).filter(|l| !l.is_empty() && !l.starts_with(b"data")) {
+            out.extend_from_slice(line);
+            out.extend_from_slice(b"\n");
+        }
+        // one `data:` line per line of the payload (JSON may be sent over several lines)
+        for line in edited.split(|b| *b == b'\n' || *b == b'\r') {
+            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(line);
+            out.extend_from_slice(b"\n");
+        }
+        out.extend_from_slice(b"\n");
+        out.freeze()
+    }
+
+    /// End the stream with the API's error event.
+    fn fail(&mut self, why: &str) -> Bytes {
+        self.ended = true;
+        tracing::warn!("stored response stream: {why}");
+        let err = ApiError::bad_gateway(format!("The backend's stream ended abnormally: {why}."))
+            .with_code("backend_stream_interrupted");
+        self.api.stream_error_event(&err)
+    }
 }
 
 /// The holder's refusal: its not-found is the client id's not-found (it lost the object, e.g.

@@ -104,7 +104,10 @@ pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
         }
         r = r.merge(ops_routes());
     }
-    let r = fallbacks(r).layer(axum::middleware::from_fn_with_state(gw.clone(), cors));
+    let r = r
+        .fallback(passthrough_or_not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(gw.clone(), cors));
     finish(r, gw)
 }
 
@@ -242,6 +245,16 @@ fn stored(api: &'static dyn ClientApi, call: Call) -> MethodRouter<Arc<Gateway>>
         Call::Get => get(handler),
         Call::Delete => axum::routing::delete(handler),
         Call::Cancel => post(handler),
+    }
+}
+
+/// A path no route serves: forwarded when a `[[passthrough]]` rule names it, else the 404.
+async fn passthrough_or_not_found(State(gw): State<Arc<Gateway>>, req: Request<Body>) -> Response {
+    let named = proxy::passthrough::rule_for(&gw.runtime().config, req.uri().path()).is_some();
+    if named {
+        proxy::passthrough::handle(gw, req).await
+    } else {
+        ApiError::not_found_path(req.uri().path()).into_response()
     }
 }
 

@@ -56,7 +56,7 @@ struct MessagesRequest {
 }
 
 /// The text of an Anthropic content value: a string or blocks (text, tool use and results).
-fn block_text(v: &Value) -> String {
+pub(crate) fn block_text(v: &Value) -> String {
     let Value::Array(blocks) = v else {
         return content_text(v);
     };

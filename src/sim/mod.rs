@@ -95,13 +95,16 @@
 //!   (`/api/pull`, …) and legacy `/api/embeddings`.
 
 mod anthropic;
+mod audio;
 pub mod config;
 mod engine;
 pub mod fault;
 mod gen;
 mod metrics;
 mod ollama;
+mod ollama_compat;
 mod openai_surface;
+mod pooling;
 mod responses;
 mod server;
 mod text;

@@ -1,6 +1,7 @@
 //! The Ollama personality: `GET /`, `/api/version`, `/api/tags`, `/api/ps`, native `/api/chat`
 //! and `/api/generate` (NDJSON, `stream` defaults to true, durations in ns, `omitempty`
-//! metrics), `/api/embed`, `/api/show`, and the OpenAI-compatible `/v1/*` routes; no `/metrics`.
+//! metrics), `/api/embed`, `/api/show`, the OpenAI-compatible `/v1/*` routes, and the
+//! Responses and Messages APIs (`ollama_compat`); no `/metrics`.
 //!
 //! Invariants:
 //! - Names are `model:tag` (`:latest` by default); each model has its own scheduler with
@@ -38,7 +39,7 @@ const SSE: &str = "text/event-stream";
 const TEXT: &str = "text/plain; charset=utf-8";
 /// The version `/api/version` reports.
 pub(crate) const VERSION: &str = "0.13.5";
-const BUSY: &str = "server busy, please try again.  maximum pending requests exceeded";
+pub(super) const BUSY: &str = "server busy, please try again.  maximum pending requests exceeded";
 
 /// Answer one request in Ollama's manner.
 pub(crate) async fn route(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
@@ -66,6 +67,8 @@ pub(crate) async fn route(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<Si
         ("/v1/chat/completions", true) => openai(sim, req, true).await,
         ("/v1/completions", true) => openai(sim, req, false).await,
         ("/v1/embeddings", true) => openai_embeddings(sim, req).await,
+        ("/v1/responses", true) => super::ollama_compat::responses(sim, req).await,
+        ("/v1/messages", true) => super::ollama_compat::messages(sim, req).await,
         ("/v1/models", _) if get => v1_models(sim),
         (p, _) if get && p.starts_with("/v1/models/") => v1_model(sim, &p["/v1/models/".len()..]),
         _ => json(StatusCode::NOT_FOUND, TEXT, "404 page not found"),
@@ -78,7 +81,10 @@ fn err(status: StatusCode, msg: &str) -> Response<SimBody> {
 
 /// The request in `body`, or a 400 with the message Ollama's Go decoder gives, in the shape
 /// `fail` gives errors (the native API's or the OpenAI-compatible one's).
-fn parse<T: DeserializeOwned>(body: &[u8], fail: ErrorShape) -> Result<T, Response<SimBody>> {
+pub(super) fn parse<T: DeserializeOwned>(
+    body: &[u8],
+    fail: ErrorShape,
+) -> Result<T, Response<SimBody>> {
     serde_json::from_slice(body)
         .map_err(|e| fail(StatusCode::BAD_REQUEST, &go_json_error(body, &e)))
 }
@@ -98,7 +104,7 @@ async fn read_json<T: DeserializeOwned>(
 }
 
 /// The requested model's name and index: 400 when none is named, 404 when it is unknown.
-fn named_model(
+pub(super) fn named_model(
     sim: &Sim,
     name: Option<String>,
     fail: ErrorShape,
@@ -116,9 +122,9 @@ fn named_model(
 }
 
 /// How an error is shaped: [`err`] for the native API, [`v1_err`] for the OpenAI-compatible one.
-type ErrorShape = fn(StatusCode, &str) -> Response<SimBody>;
+pub(super) type ErrorShape = fn(StatusCode, &str) -> Response<SimBody>;
 
-fn v1_err(status: StatusCode, msg: &str) -> Response<SimBody> {
+pub(super) fn v1_err(status: StatusCode, msg: &str) -> Response<SimBody> {
     let ty = match status.as_u16() {
         400 => "invalid_request_error",
         404 => "not_found_error",
@@ -274,7 +280,7 @@ fn keep_alive(sim: &Sim, v: Option<&Value>) -> Option<Duration> {
 }
 
 /// Make sure the model is loaded; returns the time spent loading.
-async fn ensure_loaded(sim: &Sim, idx: usize) -> Duration {
+pub(super) async fn ensure_loaded(sim: &Sim, idx: usize) -> Duration {
     let m = &sim.models[idx];
     let start = Instant::now();
     let mut guard = m.loaded_until.lock().await;
@@ -302,7 +308,7 @@ async fn ensure_loaded(sim: &Sim, idx: usize) -> Duration {
 }
 
 /// After a request: the model stays loaded for `keep_alive` (None = forever).
-async fn touch(sim: &Sim, idx: usize, ka: Option<Duration>) {
+pub(super) async fn touch(sim: &Sim, idx: usize, ka: Option<Duration>) {
     let m = &sim.models[idx];
     let mut g = m.loaded_until.lock().await;
     match ka {
@@ -324,7 +330,7 @@ async fn touch(sim: &Sim, idx: usize, ka: Option<Duration>) {
     }
 }
 
-fn inference_fault(sim: &Sim) -> Option<(StatusCode, &'static str)> {
+pub(super) fn inference_fault(sim: &Sim) -> Option<(StatusCode, &'static str)> {
     match sim.fault.mode() {
         FaultMode::Overloaded => Some((StatusCode::SERVICE_UNAVAILABLE, BUSY)),
         FaultMode::ErrorRate if sim.fault.roll_error() => Some((

@@ -35,7 +35,7 @@ use serde_json::Value;
 
 use super::gen::Gen;
 use super::openai_surface::js;
-use super::server::{json, read_body, stream_response, Sim, SimBody};
+use super::server::{json, read_body, stream_response, ChunkSink, Sim, SimBody};
 use super::text::{self, Finish, Plan};
 use super::vllm::{self, JSON, SSE};
 
@@ -74,7 +74,7 @@ pub(crate) fn content_text(v: &Value) -> String {
 }
 
 /// The turns of a Responses `input`: a string (one user turn) or a list of items.
-fn input_turns(input: &Value) -> Vec<Turn> {
+pub(crate) fn input_turns(input: &Value) -> Vec<Turn> {
     let Value::Array(items) = input else {
         return vec![Turn::new("user", &content_text(input))];
     };
@@ -335,10 +335,32 @@ enum CancelError {
     NotBackground,
 }
 
+/// The events of a background response created with `stream: true`, kept for `GET
+/// …?stream=true` (vLLM's `event_store`: a list and a signal; never evicted either).
+struct EventLog {
+    events: Mutex<Vec<String>>,
+    /// The number of events logged so far.
+    count: tokio::sync::watch::Sender<usize>,
+}
+
+impl EventLog {
+    fn push(&self, event: &str) {
+        let mut g = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        g.push(event.to_string());
+        self.count.send_replace(g.len());
+    }
+
+    fn from(&self, i: usize) -> Vec<String> {
+        let g = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        g.get(i..).map(<[String]>::to_vec).unwrap_or_default()
+    }
+}
+
 /// The response store of one simulator process (vLLM keeps it in the server's memory).
 #[derive(Default)]
 pub(crate) struct ResponseStore {
     entries: Mutex<HashMap<String, Entry>>,
+    events: Mutex<HashMap<String, Arc<EventLog>>>,
 }
 
 impl ResponseStore {
@@ -397,6 +419,21 @@ impl ResponseStore {
                 e.task = Some(task);
             }
         }
+    }
+
+    fn event_log(&self, id: &str) -> Arc<EventLog> {
+        let log = Arc::new(EventLog {
+            events: Mutex::new(Vec::new()),
+            count: tokio::sync::watch::channel(0).0,
+        });
+        let mut g = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        g.insert(id.to_string(), log.clone());
+        log
+    }
+
+    fn events_of(&self, id: &str) -> Option<Arc<EventLog>> {
+        let g = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        g.get(id).cloned()
     }
 
     fn cancel(&self, id: &str) -> Result<Doc, CancelError> {
@@ -582,6 +619,26 @@ fn event(kind: &str, seq: &mut u32, fields: &str) -> String {
     )
 }
 
+/// The client's end of a Responses stream, and the replay log of a background one.
+struct Relay {
+    sink: ChunkSink,
+    log: Option<Arc<EventLog>>,
+    open: bool,
+}
+
+impl Relay {
+    /// Send one event; `false` when nothing wants more (the client left and nothing logs).
+    async fn send(&mut self, event: String) -> bool {
+        if let Some(log) = &self.log {
+            log.push(&event);
+        }
+        if self.open {
+            self.open = self.sink.send(event).await;
+        }
+        self.open || self.log.is_some()
+    }
+}
+
 fn stream(
     sim: &Arc<Sim>,
     mut gen: Gen,
@@ -589,7 +646,14 @@ fn stream(
     turns: Option<Vec<Turn>>,
 ) -> Response<SimBody> {
     let sim2 = sim.clone();
-    stream_response(sim, StatusCode::OK, SSE, move |mut sink| async move {
+    // A background stream is generated whether or not its client stays, and logged for replay.
+    let log = doc.background.then(|| sim.responses.event_log(&doc.id));
+    stream_response(sim, StatusCode::OK, SSE, move |sink| async move {
+        let mut sink = Relay {
+            sink,
+            log,
+            open: true,
+        };
         let mut seq = 0u32;
         let head = format!("\"response\":{},", doc.render());
         for kind in ["response.created", "response.in_progress"] {
@@ -651,10 +715,73 @@ fn stream(
     })
 }
 
-/// `GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`.
-pub(super) fn by_id(sim: &Sim, id: &str, cancel: bool) -> Response<SimBody> {
+/// A query parameter's value (no percent-decoding: the values read here are plain).
+fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
+    query?
+        .split('&')
+        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// `GET /v1/responses/{id}?stream=true[&starting_after=N]`: the logged events of a background
+/// stream after event N, then, as they come, the rest up to `response.completed`.
+fn replay(sim: &Arc<Sim>, id: &str, query: Option<&str>) -> Response<SimBody> {
+    let after = match query_param(query, "starting_after").map(str::parse::<i64>) {
+        None => None,
+        Some(Ok(n)) => Some(n),
+        Some(Err(_)) => {
+            return vllm::error(
+                StatusCode::BAD_REQUEST,
+                "1 validation error:\n  {'type': 'int_parsing', 'loc': ('query', 'starting_after'), 'msg': 'Input should be a valid integer, unable to parse string as an integer'}",
+                "Bad Request",
+                None,
+            )
+        }
+    };
+    let Some(log) = sim.responses.events_of(id) else {
+        // stored, but not a background stream: vLLM's generator refuses the id
+        return vllm::error(
+            StatusCode::BAD_REQUEST,
+            &format!("Unknown response_id: {id}"),
+            "invalid_request_error",
+            Some("response_id"),
+        );
+    };
+    let start = after.map_or(0, |n| (n + 1).max(0) as usize);
+    stream_response(sim, StatusCode::OK, SSE, move |mut sink| async move {
+        let mut next = start;
+        let mut count = log.count.subscribe();
+        loop {
+            for e in log.from(next) {
+                next += 1;
+                let last = e.starts_with("event: response.completed\n");
+                if !sink.send(e).await || last {
+                    return;
+                }
+            }
+            if count.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// `GET /v1/responses/{id}` (whole, or replayed with `stream=true`) and
+/// `POST /v1/responses/{id}/cancel`.
+pub(super) fn by_id(
+    sim: &Arc<Sim>,
+    id: &str,
+    cancel: bool,
+    query: Option<&str>,
+) -> Response<SimBody> {
     if !cancel {
+        let stream = matches!(
+            query_param(query, "stream"),
+            Some("true" | "1" | "yes" | "on")
+        );
         return match sim.responses.get(id) {
+            Some(_) if stream => replay(sim, id, query),
             Some((doc, _)) => json(StatusCode::OK, JSON, doc.render()),
             None => not_found(id),
         };

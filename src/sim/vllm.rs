@@ -79,6 +79,14 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         ("/v1/messages/count_tokens", &Method::POST) => {
             super::anthropic::count_tokens(sim, req).await
         }
+        ("/v1/rerank" | "/rerank", &Method::POST) => super::pooling::rerank(sim, req).await,
+        ("/v1/score" | "/score", &Method::POST) => super::pooling::score_pairs(sim, req).await,
+        ("/v1/audio/transcriptions", &Method::POST) => {
+            super::audio::speech_to_text(sim, req, false).await
+        }
+        ("/v1/audio/translations", &Method::POST) => {
+            super::audio::speech_to_text(sim, req, true).await
+        }
         (
             "/health"
             | "/ping"
@@ -93,12 +101,18 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
             | "/v1/messages"
             | "/v1/messages/count_tokens"
             | "/tokenize"
-            | "/detokenize",
+            | "/detokenize"
+            | "/v1/rerank"
+            | "/rerank"
+            | "/v1/score"
+            | "/score"
+            | "/v1/audio/transcriptions"
+            | "/v1/audio/translations",
             _,
         ) => method_not_allowed(),
         _ => match response_route(&path) {
             Some((id, cancel)) if method == (if cancel { Method::POST } else { Method::GET }) => {
-                super::responses::by_id(sim, id, cancel)
+                super::responses::by_id(sim, id, cancel, req.uri().query())
             }
             // FastAPI: the path exists, not with this method (vLLM 0.32 has no DELETE)
             Some(_) => method_not_allowed(),

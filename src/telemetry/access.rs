@@ -107,6 +107,21 @@ impl AccessRecord {
     }
 }
 
+/// Count tokens reported after the request itself was logged (a background response's usage,
+/// known when it finishes), under the request's labels.
+pub fn count_tokens(
+    endpoint: &'static str,
+    model: &str,
+    tenant: &str,
+    backend: &str,
+    prompt: u64,
+    completion: u64,
+) {
+    let handles = request_handles(endpoint, model, tenant, backend, m::status_class(200));
+    handles.prompt_tokens.increment(prompt);
+    handles.completion_tokens.increment(completion);
+}
+
 /// The metrics of a request with one set of labels.
 struct RequestHandles {
     requests: Counter,

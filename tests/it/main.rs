@@ -10,7 +10,10 @@
 mod support;
 
 mod api_messages;
+mod api_ollama;
+mod api_passthrough;
 mod api_responses;
+mod api_stored;
 mod api_surface;
 mod cli;
 mod deploy_manifests;

@@ -774,3 +774,117 @@ async fn a_continued_conversation_hits_the_prefix_cache() {
         cached
     );
 }
+
+#[tokio::test]
+async fn rerank_and_score_answer_as_vllm_does() {
+    let sim = start(SimKind::Vllm, &["bge-rr"], |c| c.speed(0.0)).await;
+    let c = client();
+    let url = |p: &str| format!("{}{p}", sim.url());
+    let body = serde_json::json!({"model":"bge-rr","query":"sky","documents":["the sky","a sea","red"],"top_n":2});
+    let raw = post_json(&c, url("/v1/rerank"), &body)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    assert!(v["id"].as_str().unwrap().starts_with("rerank-"));
+    assert_eq!(keys(&raw)[..4], ["id", "model", "usage", "prompt_tokens"]);
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    assert!(results[0]["relevance_score"].as_f64() >= results[1]["relevance_score"].as_f64());
+    assert!(results[0]["document"]["text"].is_string());
+    assert_eq!(v["usage"]["prompt_tokens"], v["usage"]["total_tokens"]);
+    let again: serde_json::Value = post_for_json(&c, url("/rerank"), &body).await;
+    assert_eq!(again["results"], v["results"], "deterministic");
+    let s: serde_json::Value = post_for_json(
+        &c,
+        url("/v1/score"),
+        &serde_json::json!({"model":"bge-rr","text_1":"sky","text_2":["the sky","a sea"]}),
+    )
+    .await;
+    assert_eq!(
+        (s["object"].as_str(), s["data"][1]["object"].as_str()),
+        (Some("list"), Some("score"))
+    );
+    assert_eq!(s["data"][1]["index"], 1);
+    assert_eq!(s["usage"]["completion_tokens"], 0);
+    // vLLM's errors: a missing field (pydantic), an unknown model, unequal pair lists.
+    for (path, bad, status) in [
+        (
+            "/v1/rerank",
+            serde_json::json!({"model":"bge-rr","query":"x"}),
+            400,
+        ),
+        (
+            "/v1/score",
+            serde_json::json!({"model":"bge-rr","text_1":"x"}),
+            400,
+        ),
+        (
+            "/v1/rerank",
+            serde_json::json!({"model":"nope","query":"x","documents":["a"]}),
+            404,
+        ),
+        (
+            "/v1/score",
+            serde_json::json!({"model":"bge-rr","text_1":["a","b"],"text_2":["a","b","c"]}),
+            400,
+        ),
+    ] {
+        let r = post_json(&c, url(path), &bad).await;
+        assert_eq!(r.status(), status, "{path} {bad}");
+    }
+}
+
+#[tokio::test]
+async fn speech_to_text_answers_as_vllm_does() {
+    let sim = start(SimKind::Vllm, &["whisper"], |c| c.speed(0.0)).await;
+    let c = client();
+    let form = |fields: &[(&str, &[u8])]| {
+        let mut b = Vec::new();
+        for (name, value) in fields {
+            b.extend_from_slice(
+                format!("--XB\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n")
+                    .as_bytes(),
+            );
+            b.extend_from_slice(value);
+            b.extend_from_slice(b"\r\n");
+        }
+        b.extend_from_slice(b"--XB--\r\n");
+        b
+    };
+    let send = |path: &str, ct: &str, body: Vec<u8>| {
+        c.post(format!("{}{path}", sim.url()))
+            .header("content-type", ct.to_string())
+            .body(body)
+            .send()
+    };
+    let ct = "multipart/form-data; boundary=XB";
+    let audio = vec![7u8; 70_000]; // a little over 2 s at 16 kHz, 16-bit
+    let ok = form(&[("file", &audio), ("model", b"whisper")]);
+    let v: Value = send("/v1/audio/transcriptions", ct, ok.clone())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["usage"], json!({"type":"duration","seconds":3}));
+    assert_eq!(v["text"].as_str().unwrap().split(' ').count(), 6);
+    let t: Value = send("/v1/audio/translations", ct, ok)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(t, json!({"text": v["text"]}), "no usage on translations");
+    for (body, content_type, status) in [
+        (form(&[("model", b"whisper")]), ct, 400),
+        (b"{}".to_vec(), "application/json", 400),
+        (form(&[("file", &audio), ("model", b"nope")]), ct, 404),
+    ] {
+        let r = send("/v1/audio/transcriptions", content_type, body)
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status);
+    }
+}

@@ -12,6 +12,7 @@ mod backends;
 mod health;
 mod keys;
 mod membership;
+mod passthrough;
 mod routing;
 mod server;
 mod tls;
@@ -52,6 +53,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
     if trace.as_ref().is_some_and(|t| t.as_os_str().is_empty()) {
         p.push("trace.path", "must name a file");
     }
+    let passthrough = passthrough::rules(&mut p, &f);
     if !p.0.is_empty() {
         return Err(p.0);
     }
@@ -73,9 +75,15 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         tls,
         backend_tls,
         reload,
+        passthrough,
         source: None,
         trace,
     })
+}
+
+/// The paths under `/v1/` Sluice serves itself, which no `[[passthrough]]` rule may take.
+pub fn passthrough_served() -> &'static [&'static str] {
+    passthrough::SERVED
 }
 
 /// The smallest `[reload] interval`: the watcher does not poll more often.

@@ -257,6 +257,8 @@ pub fn sse_data(body: &str) -> Vec<String> {
 #[derive(Debug, Clone)]
 pub struct Seen {
     pub path: String,
+    pub query: Option<String>,
+    pub method: http::Method,
     pub headers: http::HeaderMap,
     pub body: bytes::Bytes,
 }
@@ -286,6 +288,8 @@ impl ScriptedBackend {
             let body = body.clone();
             async move {
                 let path = req.uri().path().to_string();
+                let query = req.uri().query().map(str::to_string);
+                let method = req.method().clone();
                 let (parts, b) = req.into_parts();
                 let bytes = http_body_util::BodyExt::collect(b)
                     .await
@@ -293,6 +297,8 @@ impl ScriptedBackend {
                     .unwrap_or_default();
                 log.lock().unwrap().push(Seen {
                     path: path.clone(),
+                    query,
+                    method,
                     headers: parts.headers,
                     body: bytes,
                 });
