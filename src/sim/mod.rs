@@ -106,6 +106,7 @@ mod responses;
 mod server;
 mod text;
 mod tgi;
+mod tgi_tools;
 mod vllm;
 
 use std::future::Future;
