@@ -12,6 +12,7 @@ mod support;
 mod api_messages;
 mod api_responses;
 mod api_surface;
+mod api_translate;
 mod cli;
 mod deploy_manifests;
 mod failover_fleet;
