@@ -22,6 +22,7 @@ use super::openai_surface::TGI_FINGERPRINT;
 use super::text::{Finish, Plan};
 
 /// A forced tool call the request asks for: the tool, and the id TGI gives the call.
+#[derive(Debug)]
 pub(crate) struct Forced {
     pub name: String,
     pub id: String,

@@ -522,3 +522,252 @@ impl StreamReply for MessagesStream {
         write_event(out, "message_stop", &json!({"type": "message_stop"}));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn translate(body: Value, stream: bool) -> Translation {
+        TRANSLATOR
+            .request(body.to_string().as_bytes(), stream)
+            .unwrap()
+    }
+
+    #[test]
+    fn request_maps_every_translated_field() {
+        let t = translate(
+            json!({"model": "m", "max_tokens": 9, "system": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}],
+                "stop_sequences": ["END"], "temperature": 0.2, "top_p": 0.8, "metadata": {"user_id": "u"},
+                "tools": [{"name": "f", "description": "d", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}],
+                "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "look"},
+                        {"type": "image", "source": {"type": "url", "url": "http://x/a.png"}},
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "QUJD"}}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": "Calling."},
+                        {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "42"}]},
+                        {"type": "text", "text": "thanks"}]}]}),
+            true,
+        );
+        let chat = Value::Object(t.chat().clone());
+        assert_eq!(
+            chat,
+            json!({"max_tokens": 9, "stop": ["END"], "temperature": 0.2, "top_p": 0.8,
+                "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}],
+                "tool_choice": "required", "parallel_tool_calls": false,
+                "stream": true, "stream_options": {"include_usage": true},
+                "messages": [
+                    {"role": "system", "content": "A\nB"},
+                    {"role": "user", "content": [{"type": "text", "text": "look"},
+                        {"type": "image_url", "image_url": {"url": "http://x/a.png"}},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,QUJD"}}]},
+                    {"role": "assistant", "content": "Calling."},
+                    {"role": "assistant", "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}]},
+                    {"role": "tool", "tool_call_id": "t1", "content": "42"},
+                    {"role": "user", "content": "thanks"}]})
+        );
+        let body: Value = serde_json::from_slice(&t.body("backend-m")).unwrap();
+        assert_eq!(body["model"], "backend-m");
+        for (choice, want) in [
+            (json!({"type": "auto"}), json!("auto")),
+            (json!({"type": "none"}), json!("none")),
+            (
+                json!({"type": "tool", "name": "f"}),
+                json!({"type": "function", "function": {"name": "f"}}),
+            ),
+        ] {
+            let t = translate(
+                json!({"model": "m", "max_tokens": 1, "tool_choice": choice, "messages": []}),
+                false,
+            );
+            assert_eq!(t.chat()["tool_choice"], want);
+            assert!(!t.chat().contains_key("stream"));
+        }
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        for (body, param) in [
+            (
+                json!({"thinking": {"type": "enabled", "budget_tokens": 10}}),
+                "thinking",
+            ),
+            (json!({"top_k": 1}), "top_k"),
+            (json!({"mcp_servers": []}), "mcp_servers"),
+            (json!({"bogus": 1}), "bogus"),
+            (
+                json!({"tools": [{"type": "bash_20250124", "name": "bash"}]}),
+                "tools[0].type",
+            ),
+            (json!({"system": [{"type": "image"}]}), "system"),
+            (
+                json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f"}}]}]}),
+                "messages[0].content[0].source",
+            ),
+        ] {
+            let mut req = json!({"model": "m", "max_tokens": 1, "messages": []});
+            for (k, v) in body.as_object().unwrap() {
+                req[k] = v.clone();
+            }
+            let err = TRANSLATOR
+                .request(req.to_string().as_bytes(), false)
+                .err()
+                .unwrap();
+            assert_eq!(
+                (err.status.as_u16(), err.param.as_deref()),
+                (400, Some(param)),
+                "{err:?}"
+            );
+            assert!(
+                err.message.contains(&format!("`{param}`")),
+                "{}",
+                err.message
+            );
+        }
+    }
+
+    fn reply(stops: &[&str]) -> MessagesReply {
+        MessagesReply {
+            model: "client-m".into(),
+            stops: stops.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn whole_answers_in_anthropics_shape() {
+        let text = br#"{"choices":[{"message":{"content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":7,"completion_tokens":2}}"#;
+        let v: Value = serde_json::from_slice(&reply(&[]).whole(text).unwrap()).unwrap();
+        assert_eq!(v["content"], json!([{"type": "text", "text": "Hi"}]));
+        assert_eq!(
+            (v["stop_reason"].as_str(), v["model"].as_str()),
+            (Some("end_turn"), Some("client-m"))
+        );
+        assert_eq!(v["usage"], json!({"input_tokens": 7, "output_tokens": 2}));
+        assert!(v["id"].as_str().unwrap().starts_with("msg_"));
+        let seq = br#"{"choices":[{"message":{"content":"Hi"},"finish_reason":"stop_sequence"}]}"#;
+        let v: Value = serde_json::from_slice(&reply(&["END"]).whole(seq).unwrap()).unwrap();
+        assert_eq!(
+            (v["stop_reason"].as_str(), v["stop_sequence"].as_str()),
+            (Some("stop_sequence"), Some("END"))
+        );
+        let v: Value = serde_json::from_slice(&reply(&["A", "B"]).whole(seq).unwrap()).unwrap();
+        assert!(v["stop_sequence"].is_null());
+        let call = br#"{"choices":[{"message":{"tool_calls":[{"id":"","function":{"name":"f","arguments":"{\"x\":1}"}}]},"finish_reason":"stop"}]}"#;
+        let v: Value = serde_json::from_slice(&reply(&[]).whole(call).unwrap()).unwrap();
+        assert_eq!(v["stop_reason"], "tool_use");
+        assert_eq!(v["content"][0]["input"], json!({"x": 1}));
+        assert!(v["content"][0]["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("toolu_"));
+        let cut = br#"{"choices":[{"message":{"tool_calls":[{"function":{"name":"f","arguments":"{\"x\":"}}]},"finish_reason":"length"}]}"#;
+        assert!(reply(&[]).whole(cut).unwrap_err().contains("not JSON"));
+    }
+
+    fn run(chunks: &[&str]) -> (Vec<(String, Value)>, bool) {
+        let mut s = reply(&[]).stream();
+        let mut out = BytesMut::new();
+        let mut open = true;
+        for c in chunks {
+            open = s.event(c.as_bytes(), &mut out);
+            if !open {
+                break;
+            }
+        }
+        if open {
+            s.end(&mut out);
+        }
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        let events = text
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                let (kind, data) = e.split_once("\ndata: ").unwrap();
+                (
+                    kind.trim_start_matches("event: ").to_string(),
+                    serde_json::from_str(data).unwrap(),
+                )
+            })
+            .collect();
+        (events, open)
+    }
+
+    #[test]
+    fn stream_of_text_then_a_tool_call() {
+        let (events, open) = run(&[
+            r#"{"choices":[{"delta":{"content":"Hi"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"f","arguments":"{\"x\""}}]},"finish_reason":null}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]},"finish_reason":"tool_calls"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":4}}"#,
+        ]);
+        assert!(open);
+        let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(
+            events[4].1["content_block"],
+            json!({"type": "tool_use", "id": "c1", "name": "f", "input": {}})
+        );
+        assert_eq!(events[4].1["index"], 1);
+        assert_eq!(
+            events[6].1["delta"],
+            json!({"type": "input_json_delta", "partial_json": ":1}"})
+        );
+        assert_eq!(events[8].1["delta"]["stop_reason"], "tool_use");
+        assert_eq!(
+            events[8].1["usage"],
+            json!({"input_tokens": 5, "output_tokens": 4})
+        );
+        assert_eq!(events[0].1["message"]["model"], "client-m");
+    }
+
+    #[test]
+    fn stream_errors_and_breaks() {
+        let (events, open) = run(&[
+            r#"{"choices":[{"delta":{"content":"Hi"}}]}"#,
+            r#"{"error":{"message":"engine died"}}"#,
+        ]);
+        assert!(!open);
+        let (kind, data) = events.last().unwrap();
+        assert_eq!(
+            (kind.as_str(), data["error"]["type"].as_str()),
+            ("error", Some("api_error"))
+        );
+        assert!(data["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("engine died"));
+        // No finish reason: no closing events (the observer reports the stream as broken).
+        let (events, _) = run(&[r#"{"choices":[{"delta":{"content":"Hi"}}]}"#]);
+        assert!(!events
+            .iter()
+            .any(|(k, _)| k == "message_stop" || k == "message_delta"));
+        // An answer with no output still has its one (empty) text block.
+        let (events, _) =
+            run(&[r#"{"choices":[{"delta":{"content":""},"finish_reason":"stop"}]}"#]);
+        assert_eq!(
+            events[1].1["content_block"],
+            json!({"type": "text", "text": ""})
+        );
+        assert_eq!(events[3].1["delta"]["stop_reason"], "end_turn");
+        // Data that is not a chat chunk is passed on for the observer to judge.
+        let mut s = reply(&[]).stream();
+        let mut out = BytesMut::new();
+        assert!(s.event(b"{not json", &mut out));
+        assert_eq!(&out[..], b"data: {not json\n\n");
+    }
+}

@@ -649,3 +649,181 @@ impl StreamReply for ResponsesStream {
         self.emit(out, "response.completed", json!({"response": response}));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn translate(body: Value, stream: bool) -> Result<Translation, ApiError> {
+        TRANSLATOR.request(body.to_string().as_bytes(), stream)
+    }
+
+    #[test]
+    fn request_maps_every_translated_field() {
+        let t = translate(
+            json!({"model": "m", "instructions": "Be brief.", "max_output_tokens": 9, "temperature": 0.1,
+                "top_p": 0.5, "parallel_tool_calls": false, "store": false, "metadata": {"k": "v"},
+                "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": true}],
+                "tool_choice": {"type": "function", "name": "f"},
+                "input": [
+                    {"role": "developer", "content": "Dev."},
+                    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "see"},
+                        {"type": "input_image", "image_url": "http://x/i.png", "detail": "low"}]},
+                    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                    {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{\"a\":2}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "one"},
+                    {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "two"}]},
+                    {"role": "assistant", "content": [{"type": "output_text", "text": "Done."}]}]}),
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            Value::Object(t.chat().clone()),
+            json!({"max_tokens": 9, "temperature": 0.1, "top_p": 0.5, "parallel_tool_calls": false,
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": true}}],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+                "stream": true, "stream_options": {"include_usage": true},
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "system", "content": "Dev."},
+                    {"role": "user", "content": [{"type": "text", "text": "see"},
+                        {"type": "image_url", "image_url": {"url": "http://x/i.png", "detail": "low"}}]},
+                    {"role": "assistant", "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                        {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{\"a\":2}"}}]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "one"},
+                    {"role": "tool", "tool_call_id": "c2", "content": "two"},
+                    {"role": "assistant", "content": "Done."}]})
+        );
+        let t = translate(json!({"model": "m", "input": "hi"}), false).unwrap();
+        assert_eq!(
+            t.chat()["messages"],
+            json!([{"role": "user", "content": "hi"}])
+        );
+        assert!(translate(json!({"model": "m", "input": 5}), false).is_err());
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        for (extra, param) in [
+            (json!({"previous_response_id": "r"}), "previous_response_id"),
+            (json!({"store": true}), "store"),
+            (json!({"background": true}), "background"),
+            (json!({"include": ["x"]}), "include"),
+            (json!({"reasoning": {"effort": "low"}}), "reasoning"),
+            (
+                json!({"text": {"format": {"type": "json_schema"}}}),
+                "text.format",
+            ),
+            (
+                json!({"tools": [{"type": "code_interpreter"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"tool_choice": {"type": "file_search"}}),
+                "tool_choice",
+            ),
+            (json!({"input": [{"type": "reasoning"}]}), "input[0].type"),
+            (json!({"nope": 1}), "nope"),
+        ] {
+            let mut req = json!({"model": "m", "input": "hi"});
+            for (k, v) in extra.as_object().unwrap() {
+                req[k] = v.clone();
+            }
+            let err = translate(req, false).err().unwrap();
+            assert_eq!(
+                (err.status.as_u16(), err.param.as_deref()),
+                (400, Some(param)),
+                "{err:?}"
+            );
+        }
+    }
+
+    fn reply() -> ResponsesReply {
+        let mut echo = Map::new();
+        echo.insert("max_output_tokens".into(), json!(4));
+        ResponsesReply {
+            model: "client-m".into(),
+            echo,
+        }
+    }
+
+    #[test]
+    fn whole_answers_as_response_objects() {
+        let answer = br#"{"choices":[{"message":{"content":"Hi","tool_calls":[{"id":"c9","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3,"completion_tokens":4}}"#;
+        let v: Value = serde_json::from_slice(&reply().whole(answer).unwrap()).unwrap();
+        assert_eq!(
+            (v["status"].as_str(), v["model"].as_str()),
+            (Some("completed"), Some("client-m"))
+        );
+        assert_eq!(v["output"][0]["content"][0]["text"], "Hi");
+        assert_eq!(v["output"][1]["type"], "function_call");
+        assert_eq!(v["output"][1]["call_id"], "c9");
+        assert_eq!(v["usage"]["total_tokens"], 7);
+        assert_eq!(v["max_output_tokens"], 4);
+        let cut = br#"{"choices":[{"message":{"content":"Hi"},"finish_reason":"length"}]}"#;
+        let v: Value = serde_json::from_slice(&reply().whole(cut).unwrap()).unwrap();
+        assert_eq!(v["status"], "incomplete");
+        assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
+    }
+
+    #[test]
+    fn stream_of_text_then_a_call_is_numbered_and_complete() {
+        let mut s = reply().stream();
+        let mut out = BytesMut::new();
+        for c in [
+            r#"{"choices":[{"delta":{"content":"Hi"}}]}"#,
+            r#"{"choices":[{"delta":{"content":" there"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3}}"#,
+        ] {
+            assert!(s.event(c.as_bytes(), &mut out));
+        }
+        s.end(&mut out);
+        let text = String::from_utf8(out.to_vec()).unwrap();
+        let events: Vec<(String, Value)> = text
+            .split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                let (kind, data) = e.split_once("\ndata: ").unwrap();
+                (
+                    kind.trim_start_matches("event: ").to_string(),
+                    serde_json::from_str(data).unwrap(),
+                )
+            })
+            .collect();
+        let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.completed"
+            ]
+        );
+        for (i, (kind, data)) in events.iter().enumerate() {
+            assert_eq!(
+                (data["sequence_number"].as_u64(), data["type"].as_str()),
+                (Some(i as u64), Some(kind.as_str()))
+            );
+        }
+        assert_eq!(events[6].1["text"], "Hi there");
+        assert_eq!(events[9].1["output_index"], 1);
+        let done = &events[13].1["response"];
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["usage"]["output_tokens"], 3);
+        assert_eq!(done["output"][1]["arguments"], "{}");
+        assert_eq!(done["id"], events[0].1["response"]["id"]);
+    }
+}
