@@ -126,3 +126,84 @@ where
         SizeHint::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::convert::Infallible;
+
+    const STREAM: &[u8] = b"data:{\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n: keep-alive\n\n\
+        data:{\"choices\":[{\"delta\":{\"content\":\" you\"},\"finish_reason\":\"length\"}]}\n\n\
+        data:{\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\ndata:[DONE]\n\n";
+
+    async fn translate(chunks: Vec<&'static [u8]>) -> (String, Option<String>) {
+        let frames: Vec<Result<Frame<Bytes>, Infallible>> = chunks
+            .into_iter()
+            .map(|c| Ok(Frame::data(Bytes::from_static(c))))
+            .collect();
+        let upstream = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+        let translation = crate::api::translate::messages::TRANSLATOR
+            .request(br#"{"model":"m","max_tokens":2,"messages":[]}"#, true)
+            .unwrap();
+        let mut body = TranslatedBody::new(upstream, translation.reply.stream());
+        let mut out = Vec::new();
+        let mut error = None;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(f) => out.extend_from_slice(&f.into_data().unwrap()),
+                Err(e) => error = Some(e),
+            }
+        }
+        (String::from_utf8(out).unwrap(), error)
+    }
+
+    fn kinds(text: &str) -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("event: "))
+            .map(String::from)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_same_events_however_the_backend_cuts_its_stream() {
+        let (whole, _) = translate(vec![STREAM]).await;
+        let expected = [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ];
+        assert_eq!(kinds(&whole), expected);
+        assert!(whole.contains(r#""stop_reason":"max_tokens""#), "{whole}");
+        for cut in [1, 17, 40, 90, STREAM.len() - 3] {
+            let (a, b) = STREAM.split_at(cut);
+            let (text, _) = translate(vec![a, b]).await;
+            assert_eq!(kinds(&text), expected, "cut at {cut}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_ended_early_gets_no_closing_events() {
+        let (text, error) = translate(vec![&STREAM[..60]]).await;
+        assert!(error.is_none());
+        assert_eq!(
+            kinds(&text),
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta"
+            ]
+        );
+        // Ended without `[DONE]` but after the finish and usage: complete.
+        let end = STREAM.len() - b"data:[DONE]\n\n".len();
+        let (text, _) = translate(vec![&STREAM[..end]]).await;
+        assert_eq!(
+            kinds(&text).last().map(String::as_str),
+            Some("message_stop")
+        );
+    }
+}
