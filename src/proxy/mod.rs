@@ -182,9 +182,7 @@ async fn prepare(
         None => api.parse(&body)?,
     };
     record.stream = fields.stream;
-    let translation = api
-        .translator()
-        .map(|t| t.request(&body, api.streams(&fields)));
+    let translation = translate_if_served(rt, api, &fields, &body);
     let pin = match api.pin(&body, &identity.tenant) {
         Ok(pin) => pin,
         // A reference to stored state, for a model only translation serves: the field is
@@ -278,6 +276,23 @@ fn resolve(
         }
     }
     Ok(resolved)
+}
+
+/// The request translated for the backends that serve its API only by translation, when the
+/// model has any (a model served only natively pays nothing for it).
+fn translate_if_served(
+    rt: &Runtime,
+    api: &dyn ClientApi,
+    fields: &RequestFields,
+    body: &[u8],
+) -> Option<Result<Translation, ApiError>> {
+    let translator = api.translator()?;
+    let resolved = rt.fleet.resolve(&fields.model)?;
+    let needed = resolved
+        .candidates
+        .iter()
+        .any(|(b, _)| !api.native(b.kind()) && translator.serves(b.kind()));
+    needed.then(|| translator.request(body, api.streams(fields)))
 }
 
 /// The translation's refusal when the model exists and none of its backends speaks `api`
