@@ -1,5 +1,7 @@
 //! Anthropic Messages, `POST /v1/messages` and `POST /v1/messages/count_tokens`: forwarded
-//! natively to the backends that speak it (vLLM ≥ 0.32), never translated.
+//! natively to the backends that speak it (vLLM ≥ 0.32); `/v1/messages` is served by
+//! translation to chat completions by the other kinds ([`super::translate::messages`]),
+//! `count_tokens` only natively.
 //!
 //! What this module owns:
 //! - the routed fields (the body's `model`, `messages`, `max_tokens`, `stream` read like a chat
@@ -280,6 +282,10 @@ macro_rules! shared_messages_api {
 impl ClientApi for Messages {
     fn path(&self) -> &'static str {
         "/v1/messages"
+    }
+
+    fn translator(&self) -> Option<&'static dyn super::translate::Translator> {
+        Some(super::translate::messages::TRANSLATOR)
     }
 
     fn label(&self) -> &'static str {

@@ -38,6 +38,17 @@
 //! Nothing else changes: not the phases in `proxy/mod.rs`, not `proxy/observe.rs`, not the
 //! tokenizer (it asks [`ClientApi::tokenize_form`]).
 //!
+//! # Serving an API by translation
+//!
+//! An API that some backend kinds lack but whose stateless part maps onto chat completions
+//! returns a [`translate::Translator`] from [`ClientApi::translator`]. Its backends that do not
+//! speak it natively then become candidates too (each backend is sent the request natively when
+//! it can): the request is translated once in `prepare` (a field that cannot be carried is a 400
+//! naming it, before any attempt), each attempt sends the translated body to
+//! `/v1/chat/completions`, and the answer is put back into the API's shape before the observer
+//! reads it with this API's own `inspect`/`whole_usage`. The Responses and Messages APIs are
+//! served this way ([`translate`]); the native path keeps its byte splicing.
+//!
 //! Invariants every implementation keeps:
 //! - Request bodies are read once with borrowed values; the bytes go to the backend untouched
 //!   except for [`Splice`]s (model name, forced usage).
@@ -57,6 +68,7 @@ pub mod multipart;
 pub mod pooling;
 pub mod responses;
 pub mod tokenize;
+pub mod translate;
 pub mod wire;
 
 use std::sync::Arc;
@@ -160,13 +172,21 @@ pub trait ClientApi: Send + Sync {
         wire::error_response(err)
     }
 
-    /// Whether a backend of `kind` speaks this API natively (only those are candidates).
+    /// Whether a backend of `kind` speaks this API natively (sent the client's bytes on
+    /// [`ClientApi::path`]).
     fn native(&self, _kind: BackendKind) -> bool {
         true
     }
 
-    /// The error for a known model none of whose backends (of `kinds`) speaks this API
-    /// natively.
+    /// How a backend that does not speak this API natively but speaks chat completions serves
+    /// it ([`translate`]); `None`: only backends that speak it natively are candidates. A
+    /// backend that speaks the API natively is always sent the request natively.
+    fn translator(&self) -> Option<&'static dyn translate::Translator> {
+        None
+    }
+
+    /// The error for a known model none of whose backends (of `kinds`) speaks this API,
+    /// natively or by translation.
     fn unserved(&self, model: &str, _kinds: &[BackendKind]) -> ApiError {
         ApiError::model_not_found(model)
     }

@@ -12,7 +12,8 @@
 //!
 //! Backend kinds: only `vllm` is native. The `openai` kind is not: it stands for any
 //! OpenAI-compatible server, most of which have no `/v1/responses`; routing a Responses request
-//! to one would answer 404 depending on which backend was picked.
+//! there would answer 404 depending on which backend was picked. The other kinds serve the
+//! stateless part by translation to chat completions ([`super::translate::responses`]).
 //!
 //! Invariants: events are read borrowed, without allocating; an edit only replaces a string
 //! with a string; a mid-stream failure ends the stream with an `error` event whose data also
@@ -343,6 +344,10 @@ impl ClientApi for Responses {
 
     fn keeps_state(&self, kind: BackendKind) -> bool {
         kind == BackendKind::Vllm // Ollama answers but stores nothing
+    }
+
+    fn translator(&self) -> Option<&'static dyn super::translate::Translator> {
+        Some(super::translate::responses::TRANSLATOR)
     }
 
     fn unserved(&self, model: &str, _kinds: &[BackendKind]) -> ApiError {

@@ -35,6 +35,7 @@ pub mod observe;
 pub mod passthrough;
 pub mod sse;
 pub mod stored;
+pub mod translated;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,6 +47,7 @@ use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
+use crate::api::translate::{self, Reply, Translation};
 use crate::api::{BodyForm, ClientApi, Edits, Pin};
 use crate::auth::Identity;
 use crate::config::{BackendKind, Config, PolicyKind};
@@ -110,17 +112,15 @@ async fn proxy(
             break;
         }
         let candidates = &p.resolved.candidates;
-        let claimed = match pick_or_wait(
-            gw,
-            config,
-            p.policy,
-            candidates,
-            &tried,
-            p.input,
-            &p.identity.tenant,
-        )
-        .await
-        {
+        let native_first = pick_native(gw, config, p, &tried);
+        let claimed = match native_first {
+            Some(claimed) => Ok(Some(claimed)),
+            None => {
+                let tenant = &p.identity.tenant;
+                pick_or_wait(gw, config, p.policy, candidates, &tried, p.input, tenant).await
+            }
+        };
+        let claimed = match claimed {
             Ok(Some(claimed)) => claimed,
             Ok(None) => break,
             Err(e) => {
@@ -153,6 +153,9 @@ struct Prepared {
     streaming: bool,
     /// The one backend that holds what the request refers to (its only candidate).
     pin: Option<Pin>,
+    /// The request translated to chat completions, for the candidates that do not speak its
+    /// API natively ([`ClientApi::translator`]).
+    translation: Option<Translation>,
     shapes: Arc<ModelShapes>,
     /// Taken by the answering attempt's settlement; dropped (refunded) when none answers.
     permit: Option<Permit>,
@@ -185,9 +188,23 @@ async fn prepare(
         None => api.parse(&body)?,
     };
     record.stream = fields.stream;
-    let pin = api.pin(&body, &identity.tenant)?;
-    let resolved = resolve(rt, api, &identity, &fields, pin.as_ref())?;
+    let translation = translate_if_served(rt, api, &fields, &body);
+    let pin = match api.pin(&body, &identity.tenant) {
+        Ok(pin) => pin,
+        // A reference to stored state, for a model only translation serves: the field is
+        // what cannot be served, whatever it names.
+        Err(e) => return Err(refused_translation(rt, api, &fields, translation).unwrap_or(e)),
+    };
+    let resolved = resolve(
+        rt,
+        api,
+        &identity,
+        &fields,
+        pin.as_ref(),
+        translation.as_ref(),
+    )?;
     let resolved = keep_state(rt, api, &body, &fields, pin.as_ref(), resolved)?;
+    let translation = translation.and_then(Result::ok);
     record.model = resolved.canonical.clone();
     let policy = resolved.policy.unwrap_or(config.routing.policy);
     let shapes = gw.router.shapes.clone();
@@ -202,6 +219,7 @@ async fn prepare(
         client_headers,
         streaming: api.streams(&fields),
         pin,
+        translation,
         body,
         fields,
         resolved,
@@ -215,14 +233,17 @@ async fn prepare(
     })
 }
 
-/// The allow-list, then the model's candidates among the backends that speak `api` (only the
-/// holder of a pinned request).
+/// The allow-list, then the model's candidates among the backends that speak `api`, natively or
+/// by translation (only the holder of a pinned request). Both are candidates, so failover
+/// crosses them; a native one is preferred when one can take the request ([`pick_native`]), and
+/// each backend is sent the request natively when it speaks the API.
 fn resolve(
     rt: &Runtime,
     api: &dyn ClientApi,
     identity: &Identity,
     fields: &RequestFields,
     pin: Option<&Pin>,
+    translation: Option<&Result<Translation, ApiError>>,
 ) -> Result<Resolved, ApiError> {
     if !identity.allows(&rt.fleet, &fields.model) {
         return Err(crate::auth::model_refused(
@@ -234,15 +255,25 @@ fn resolve(
         .fleet
         .resolve(&fields.model)
         .ok_or_else(|| ApiError::model_not_found(&fields.model))?;
-    if !resolved
-        .candidates
-        .iter()
-        .any(|(b, _)| api.native(b.kind()))
-    {
+    let by_translation =
+        |kind| !api.native(kind) && api.translator().is_some_and(|t| t.serves(kind));
+    let translated = matches!(translation, Some(Ok(_)));
+    let servable = |kind| api.native(kind) || (translated && by_translation(kind));
+    if !resolved.candidates.iter().any(|(b, _)| servable(b.kind())) {
+        // Only translation could serve it, and the request does not translate: say why.
+        if let Some(Err(refused)) = translation {
+            if resolved
+                .candidates
+                .iter()
+                .any(|(b, _)| by_translation(b.kind()))
+            {
+                return Err(refused.clone());
+            }
+        }
         let kinds: Vec<_> = resolved.candidates.iter().map(|(b, _)| b.kind()).collect();
         return Err(api.unserved(&fields.model, &kinds));
     }
-    resolved.candidates.retain(|(b, _)| api.native(b.kind()));
+    resolved.candidates.retain(|(b, _)| servable(b.kind()));
     if let Some(pin) = pin {
         resolved.candidates.retain(|(b, _)| pin.holds(b.name()));
         if resolved.candidates.is_empty() {
@@ -288,6 +319,40 @@ fn keep_state(
         Some((pin, b)) => pin.not_stored(b.name()),
         None => api.stateless(&fields.model, field, &kinds),
     })
+}
+
+/// The request translated for the backends that serve its API only by translation, when the
+/// model has any (a model served only natively pays nothing for it).
+fn translate_if_served(
+    rt: &Runtime,
+    api: &dyn ClientApi,
+    fields: &RequestFields,
+    body: &[u8],
+) -> Option<Result<Translation, ApiError>> {
+    let translator = api.translator()?;
+    let resolved = rt.fleet.resolve(&fields.model)?;
+    let needed = resolved
+        .candidates
+        .iter()
+        .any(|(b, _)| !api.native(b.kind()) && translator.serves(b.kind()));
+    needed.then(|| translator.request(body, api.streams(fields)))
+}
+
+/// The translation's refusal when the model exists and none of its backends speaks `api`
+/// natively.
+fn refused_translation(
+    rt: &Runtime,
+    api: &dyn ClientApi,
+    fields: &RequestFields,
+    translation: Option<Result<Translation, ApiError>>,
+) -> Option<ApiError> {
+    let refused = translation?.err()?;
+    let resolved = rt.fleet.resolve(&fields.model)?;
+    let native = resolved
+        .candidates
+        .iter()
+        .any(|(b, _)| api.native(b.kind()));
+    (!native).then_some(refused)
 }
 
 /// The request's expected size for routing and admission: the prompt's exact count for a large
@@ -412,6 +477,8 @@ struct Answer {
     body_deadline: tokio::time::Instant,
     /// Sluice forced stream usage: the observer drops it before it reaches the client.
     strip_usage: bool,
+    /// The answer is a chat completion to be put back into the client API's shape.
+    reply: Option<std::sync::Arc<dyn Reply>>,
 }
 
 /// One attempt on the claimed backend: rewrite the body for it, send, classify.
@@ -429,7 +496,18 @@ async fn attempt(
     }
     record.attempts = attempt_no + 1;
     record.backend = Some(backend.name().to_string());
-    let (upstream_body, strip_usage) = rewrite(p, backend_model);
+    let translated = p
+        .translation
+        .as_ref()
+        .filter(|_| !p.api.native(backend.kind()));
+    let (upstream_body, strip_usage) = match translated {
+        Some(t) => (t.body(backend_model), false),
+        None => rewrite(p, backend_model),
+    };
+    let path = match translated {
+        Some(_) => translate::CHAT_PATH,
+        None => p.api.path(),
+    };
     let mut headers = headers::upstream_headers(
         &p.client_headers,
         &record.request_id,
@@ -452,7 +530,7 @@ async fn attempt(
     // of the send, so a backend trickling bytes just faster than `idle` cannot hold it.
     let body_deadline = tokio::time::Instant::now() + timeouts.response;
     backend.state.count_request();
-    let sent = forward::send(backend, p.api.path(), headers, upstream_body, head_timeout).await;
+    let sent = forward::send(backend, path, headers, upstream_body, head_timeout).await;
     match classify(config, backend, sent, retries_left, body_deadline, record).await {
         Err(failure) => Verdict::Retry(failure),
         Ok(resp) => Verdict::Answer(Answer {
@@ -460,6 +538,7 @@ async fn attempt(
             sent_after,
             body_deadline,
             strip_usage,
+            reply: translated.map(|t| t.reply.clone()),
         }),
     }
 }
@@ -600,20 +679,36 @@ async fn respond(
             out_headers.insert("x-sluice-backend", v);
         }
     }
-    let edits = answer_edits(
-        p,
-        backend,
-        backend_model,
-        answer.strip_usage,
-        &record.request_id,
-    );
+    let edits = match answer.reply {
+        // The translation writes the client's shape: model name, ids and finish included.
+        Some(_) => Edits {
+            redact: backend.config.api_key.as_deref().map(Arc::from),
+            ..Edits::default()
+        },
+        None => answer_edits(
+            p,
+            backend,
+            backend_model,
+            answer.strip_usage,
+            &record.request_id,
+        ),
+    };
     out_headers.extend(p.limit_headers.clone());
     let settle = settlement(p, permit, backend, claimed, answer.sent_after, record);
     let answer_parts = (status, out_headers, upstream, edits, settle);
     if p.streaming && is_sse(&parts.headers) {
-        return stream_answer(config, p.api, backend, answer_parts);
+        return stream_answer(config, p.api, backend, answer_parts, answer.reply);
     }
-    whole_answer(config, p.api, backend, answer_parts, answer.body_deadline).await
+    let reply = answer.reply.as_deref();
+    whole_answer(
+        config,
+        p.api,
+        backend,
+        answer_parts,
+        answer.body_deadline,
+        reply,
+    )
+    .await
 }
 
 /// The edits the client's answer needs: its model name back, forced usage dropped, and TGI's
@@ -718,17 +813,30 @@ pub(super) fn is_sse(headers: &HeaderMap) -> bool {
         .is_some_and(|ct| ct.starts_with("text/event-stream"))
 }
 
-/// Stream the answer through the observer (usage and first token on the side).
+/// Stream the answer through the observer (usage and first token on the side); a translated
+/// chat stream is put back into the client API's events first.
 fn stream_answer(
     config: &Config,
     api: &'static dyn ClientApi,
     backend: &Arc<Backend>,
     (status, headers, upstream, edits, settle): AnswerParts,
+    reply: Option<Arc<dyn Reply>>,
 ) -> Response {
     let idle = backend.config.timeouts.idle;
     let health = config.health.clone();
-    let body = ObservedStream::new(api, upstream, edits, idle, backend.clone(), health, settle);
-    let mut response = Response::new(Body::new(body));
+    let backend = backend.clone();
+    let body = match reply {
+        Some(reply) => {
+            let upstream = translated::TranslatedBody::new(upstream, reply.stream());
+            Body::new(ObservedStream::new(
+                api, upstream, edits, idle, backend, health, settle,
+            ))
+        }
+        None => Body::new(ObservedStream::new(
+            api, upstream, edits, idle, backend, health, settle,
+        )),
+    };
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
@@ -747,6 +855,7 @@ async fn whole_answer(
     backend: &Backend,
     (status, headers, upstream, edits, mut settle): AnswerParts,
     body_deadline: tokio::time::Instant,
+    reply: Option<&dyn Reply>,
 ) -> Response {
     let (limit, idle) = (
         config.server.max_response_bytes,
@@ -757,6 +866,15 @@ async fn whole_answer(
         Err(e) => {
             let why = format!("failed while sending its answer: {e}");
             return broken_answer(config, api, backend, settle, "body", "backend_body", &why);
+        }
+    };
+    let whole = match reply.map(|r| r.whole(&whole)) {
+        None => whole,
+        Some(Ok(translated)) => translated,
+        Some(Err(e)) => {
+            let why = format!("sent a chat answer that cannot be translated: {e}.");
+            let label = "backend_invalid_body";
+            return broken_answer(config, api, backend, settle, "invalid body", label, &why);
         }
     };
     settle.usage = match api.whole_usage(&whole) {
@@ -829,6 +947,24 @@ fn no_answer(last_failure: Option<ApiError>, p: Prepared) -> ApiError {
     };
     err.headers.extend(p.limit_headers);
     err
+}
+
+/// For a request some candidates serve only by translation: a backend that speaks its API
+/// natively, when one can take it now (it keeps every field, and stored state where the engine
+/// keeps it). `None`: no translation involved, or no native backend can take it now; the
+/// normal pick then chooses among all candidates, so translated backends take the overflow
+/// and the failover.
+fn pick_native(gw: &Gateway, config: &Config, p: &Prepared, tried: &[usize]) -> Option<Claimed> {
+    p.translation.as_ref()?;
+    let candidates = &p.resolved.candidates;
+    let mut excluded = tried.to_vec();
+    excluded.extend((0..candidates.len()).filter(|i| !p.api.native(candidates[*i].0.kind())));
+    excluded.sort_unstable();
+    excluded.dedup();
+    if excluded.len() >= candidates.len() {
+        return None;
+    }
+    pick_and_claim(gw, config, p.policy, candidates, &excluded, p.input)
 }
 
 /// The backend chosen for one attempt, with its slot already taken.

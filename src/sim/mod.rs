@@ -83,7 +83,9 @@
 //! # Simplifications (known differences from the real engines)
 //! - No preemption: a request reserves `prompt + max output` KV tokens when admitted, so
 //!   `vllm:num_preemptions_total` stays 0; requests wait instead.
-//! - `n > 1`, `stop` sequences, logprobs, tools and response formats are accepted and ignored;
+//! - `n > 1`, `stop` sequences, logprobs, tools and response formats are accepted and ignored,
+//!   except TGI's chat completions, which call a tool as TGI does when `tool_choice` forces one
+//!   (`required` or a named function; `tgi_tools`);
 //!   the last generated token carries the finish reason (no separate EOS token, so TGI's
 //!   `finish_reason` is `length` or `eos_token`, never `stop_sequence`).
 //! - `error_rate` answers before the first byte (an HTTP 5xx), never inside a stream.
@@ -109,6 +111,7 @@ mod responses;
 mod server;
 mod text;
 mod tgi;
+mod tgi_tools;
 mod vllm;
 
 use std::future::Future;

@@ -59,12 +59,20 @@ pub(crate) struct Message {
     pub role: Option<String>,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's tool calls: the engines' chat templates render them into the prompt
+    /// (TGI as their JSON text), so they count as prompt tokens.
+    #[serde(default)]
+    pub tool_calls: Option<serde_json::Value>,
 }
 
 impl Message {
     pub(crate) fn text(&self) -> String {
         match &self.content {
-            None => String::new(),
+            None => self
+                .tool_calls
+                .as_ref()
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
             Some(Content::Text(s)) => s.clone(),
             Some(Content::Parts(p)) => p
                 .iter()

@@ -435,6 +435,12 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         Ok(b) => b,
         Err(resp) => return resp,
     };
+    // Tools are read from the body as TGI reads them (see `tgi_tools`).
+    let tool_body: Option<serde_json::Value> = if chat {
+        serde_json::from_slice(&body).ok()
+    } else {
+        None
+    };
     let (model, prompt, max_tokens, (stream, usage), seed) = if chat {
         let r: ChatRequest = match parse(&body) {
             Ok(r) => r,
@@ -488,6 +494,23 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
             return error(StatusCode::UNPROCESSABLE_ENTITY, &msg, "validation");
         }
     };
+    let seed = seed.map(|s| s as u64).unwrap_or(sim.config.seed);
+    let mut plan = sim.plan(seed, &sim.config.models[0], &prompt, Some(cap));
+    let words = plan.text(0, plan.words.len());
+    let words: Vec<&str> = words.split_whitespace().collect();
+    let forced = match tool_body
+        .as_ref()
+        .map(|b| super::tgi_tools::forced(b, &words))
+    {
+        Some(Err(msg)) => {
+            return error(StatusCode::UNPROCESSABLE_ENTITY, &msg, "tool_error");
+        }
+        Some(Ok(f)) => f,
+        None => None,
+    };
+    if let Some(f) = &forced {
+        super::tgi_tools::shape_plan(&mut plan, f, cap);
+    }
     let permit = match gate(sim) {
         Gate::Go(p) => p,
         Gate::Overloaded if stream => {
@@ -497,9 +520,15 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         Gate::Overloaded => return overloaded_response(sim),
         Gate::Failed(resp) => return resp,
     };
-    let seed = seed.map(|s| s as u64).unwrap_or(sim.config.seed);
-    let plan = sim.plan(seed, &sim.config.models[0], &prompt, Some(cap));
     let ctx = Ctx::new(Surface::Tgi, chat, &echo);
+    if let Some(forced) = forced {
+        let call = ToolCall {
+            forced,
+            stream,
+            usage,
+        };
+        return tool_call(sim, ctx, plan, call, permit, prompt.chars().count()).await;
+    }
     let opts = RespondOpts {
         chat,
         stream,
@@ -519,6 +548,67 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         }
         Err(_) => overloaded_response(sim),
     }
+}
+
+/// A forced tool call to answer, and how.
+struct ToolCall {
+    forced: super::tgi_tools::Forced,
+    stream: bool,
+    usage: bool,
+}
+
+/// Answer with a tool call (see `tgi_tools`), whole or streamed, holding the permit throughout.
+async fn tool_call(
+    sim: &Arc<Sim>,
+    ctx: Ctx,
+    plan: Plan,
+    call: ToolCall,
+    permit: OwnedSemaphorePermit,
+    prompt_chars: usize,
+) -> Response<SimBody> {
+    use super::tgi_tools::{chunk, whole};
+    let Ok(mut gen) = Gen::start(sim, 0, plan, None) else {
+        return overloaded_response(sim);
+    };
+    let model = ctx.model_json.clone();
+    if !call.stream {
+        gen.run_to_end().await;
+        drop(permit);
+        let p = &gen.plan;
+        let usage = format!(
+            "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{}}}",
+            p.prompt_tokens(),
+            p.completion_tokens(),
+            p.prompt_tokens() + p.completion_tokens()
+        );
+        return match whole(&call.forced, p, &model, ctx.created, &usage) {
+            Ok(body) => json(StatusCode::OK, JSON, body),
+            Err(msg) => error(StatusCode::UNPROCESSABLE_ENTITY, &msg, "tool_error"),
+        };
+    }
+    let mut r = stream_response(sim, StatusCode::OK, SSE, move |mut sink| async move {
+        let _permit = permit;
+        while let Some(range) = gen.next().await {
+            for i in range {
+                if !sink
+                    .send(chunk(&call.forced, &gen.plan, i, &model, ctx.created))
+                    .await
+                {
+                    return;
+                }
+            }
+        }
+        if call.usage {
+            let p = &gen.plan;
+            let u = ctx.usage_chunk(true, p.prompt_tokens(), p.completion_tokens(), gen.cached);
+            if !sink.send(u).await {
+                return;
+            }
+        }
+        let _ = sink.send(ctx.done()).await;
+    });
+    stream_headers(&mut r, prompt_chars);
+    r
 }
 
 #[derive(Deserialize)]

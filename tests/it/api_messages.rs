@@ -1,7 +1,8 @@
 //! The Anthropic Messages API through the gateway, driven by the official `anthropic` Python SDK
 //! (tests/python/gateway_anthropic_sdk.py): messages.create, messages.stream,
 //! messages.count_tokens, NotFoundError for an unknown model, AuthenticationError for a wrong
-//! key, BadRequestError naming why for a model only TGI serves, an error raised for a stream cut
+//! key, a model only TGI serves answered by translation and BadRequestError naming a field it
+//! cannot carry, an error raised for a stream cut
 //! mid-way, RateLimitError for a key over its token limit; then the usage in /admin/usage.
 //! Plus raw-HTTP checks of the Anthropic error shape on the gateway's own refusals.
 //!
@@ -24,7 +25,7 @@ fn key_block(name: &str, tenant: &str, extra: &str) -> (String, String) {
 }
 
 /// A fleet: a vLLM sim for `claude-local` (alias of `msg-model`), a vLLM sim that cuts streams,
-/// a TGI sim serving a model no Messages backend has; two keys, one with a small token limit.
+/// a TGI sim serving a model only translation serves; two keys, one with a small token limit.
 async fn fleet() -> (TestGateway, String, String, Vec<sluice::sim::SimHandle>) {
     let a = sim(SimKind::Vllm, &["msg-model"]).await;
     let cut = sim(SimKind::Vllm, &["msg-cut"]).await;
@@ -107,9 +108,14 @@ async fn own_errors_are_anthropic_shaped() {
             "authentication_error",
         ),
         (Some(&key), body("no-such-model"), 404, "not_found_error"),
+        // Served by translation, except what cannot be translated (named in the message).
         (
             Some(&key),
-            body("msg-tgi-only"),
+            {
+                let mut b = body("msg-tgi-only");
+                b["top_k"] = 5.into();
+                b
+            },
             400,
             "invalid_request_error",
         ),

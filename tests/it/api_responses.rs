@@ -49,7 +49,8 @@ async fn whole_and_streamed_natively_with_ids_usage_and_metrics() {
     let g = TestGateway::start_healthy(&t).await;
     let c = client();
 
-    // Whole: the id names the vLLM backend (the TGI one is no candidate), usage is read.
+    // Whole: the id names the vLLM backend (native is preferred over the translating TGI),
+    // usage is read.
     for _ in 0..4 {
         let r = post(&c, g.url("/v1/responses"), &body("resp-m", false, 5)).await;
         assert_eq!(r.status(), 200);
@@ -89,18 +90,13 @@ async fn whole_and_streamed_natively_with_ids_usage_and_metrics() {
     let last = lifecycle.last().unwrap();
     assert_eq!(last["response"]["usage"]["output_tokens"], 6);
 
-    // A model only backends without the API serve: a clear 404 naming the reason.
+    // A model only backends without the API serve is answered by translation: not stored, so
+    // its id names no backend.
     let r = post(&c, g.url("/v1/responses"), &body("resp-tgi-only", false, 5)).await;
-    assert_eq!(r.status(), 404);
+    assert_eq!(r.status(), 200);
     let v: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(v["error"]["code"], "model_not_found");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("Responses API"),
-        "{v}"
-    );
+    assert_eq!(v["usage"]["output_tokens"], 5, "{v}");
+    assert!(ids::decode(v["id"].as_str().unwrap()).is_none(), "{v}");
 
     // An id Sluice did not issue: vLLM's unknown-id shape, from no backend.
     let r = c

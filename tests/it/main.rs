@@ -15,6 +15,7 @@ mod api_passthrough;
 mod api_responses;
 mod api_stored;
 mod api_surface;
+mod api_translate;
 mod cli;
 mod deploy_manifests;
 mod failover_fleet;

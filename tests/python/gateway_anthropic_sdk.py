@@ -6,7 +6,7 @@ Run by tests/it/api_messages.rs, which starts simulated backends and a gateway a
   SLUICE_LIMITED_KEY   a valid key whose token limit one request exhausts
   SLUICE_MODEL         a model a vLLM backend serves (through an alias)
   SLUICE_CUT_MODEL     a model whose only backend cuts streams mid-way
-  SLUICE_TGI_MODEL     a model only a TGI backend serves
+  SLUICE_TGI_MODEL     a model only a TGI backend serves (by translation)
 Prints one line per check and exits non-zero on the first failure.
 """
 
@@ -85,12 +85,14 @@ raises(
     anthropic.AuthenticationError,
     lambda: make("sk-sluice-wrong").messages.create(model=model, max_tokens=5, messages=say),
 )
+m = client.messages.create(model=tgi_model, max_tokens=5, messages=say)
+check("a model only TGI serves is answered by translation", m.usage.output_tokens > 0, m)
 e = raises(
-    "a model only TGI serves is BadRequestError naming why",
+    "a field translation cannot carry is BadRequestError naming it",
     anthropic.BadRequestError,
-    lambda: client.messages.create(model=tgi_model, max_tokens=5, messages=say),
+    lambda: client.messages.create(model=tgi_model, max_tokens=5, messages=say, extra_body={"top_k": 3}),
 )
-check("names the backend kind", "tgi" in e.message, e.message)
+check("names the field", "`top_k`" in e.message, e.message)
 
 
 # A stream the backend cuts mid-way raises.
