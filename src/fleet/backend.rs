@@ -107,6 +107,12 @@ impl Health {
     pub fn preferred(self) -> bool {
         matches!(self, Health::Unknown | Health::Healthy)
     }
+
+    /// Whether it is out because it failed (probes, live traffic, or refusing connections):
+    /// requests still waiting for its answer are rescued elsewhere.
+    pub fn failed(self) -> bool {
+        matches!(self, Health::Ejected | Health::Down | Health::Starting)
+    }
 }
 
 /// Milliseconds since this process started; a cheap monotonic clock for atomics.
@@ -177,6 +183,12 @@ pub struct BackendState {
     signals: ArcSwap<Signals>,
     /// Measured speeds (EWMAs), fed when requests settle (see [`super::speed`]).
     speeds: Speeds,
+    /// Bumped each time the backend enters a failed state ([`Health::failed`]): requests
+    /// waiting for its response head select on it and are rescued elsewhere at once.
+    withdrawals: tokio::sync::watch::Sender<u64>,
+    /// When it last answered a live request (ms since process start; 0 = never): the
+    /// adaptive first-byte deadline counts a wait only while other backends answer.
+    last_answer_ms: AtomicU64,
 }
 
 impl Default for BackendState {
@@ -202,6 +214,8 @@ impl BackendState {
             engine_waiting: AtomicU64::new(0),
             signals: ArcSwap::from_pointee(Signals::default()),
             speeds: Speeds::default(),
+            withdrawals: tokio::sync::watch::Sender::new(0),
+            last_answer_ms: AtomicU64::new(0),
         }
     }
 
@@ -326,8 +340,24 @@ impl BackendState {
         Health::from_u8(self.health.load(Ordering::Relaxed))
     }
 
+    /// Set the health; entering a failed state ([`Health::failed`]) from another state
+    /// wakes the requests waiting here (see [`Self::withdrawals`]).
     pub fn set_health(&self, h: Health) {
-        self.health.store(h as u8, Ordering::Relaxed);
+        let before = Health::from_u8(self.health.swap(h as u8, Ordering::Relaxed));
+        if h.failed() && !before.failed() {
+            self.withdrawals.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// A receiver that sees the backend enter a failed state from now on. Subscribe before
+    /// sending, then check [`Self::health`]: a failure in between is not missed.
+    pub fn withdrawals(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.withdrawals.subscribe()
+    }
+
+    /// When it last answered a live request (ms since process start; 0 = never).
+    pub fn last_answer_ms(&self) -> u64 {
+        self.last_answer_ms.load(Ordering::Relaxed)
     }
 
     pub fn track(&self) -> std::sync::MutexGuard<'_, Track> {
@@ -348,6 +378,8 @@ impl BackendState {
     /// A live request got an answer from this backend (any status it is responsible for
     /// being well, e.g. 2xx or a client's 4xx).
     pub fn record_live_success(&self) {
+        self.last_answer_ms
+            .fetch_max(monotonic_ms().max(1), Ordering::Relaxed);
         let mut t = self.track();
         t.live_fail_streak = 0;
         t.busy_streak = 0;

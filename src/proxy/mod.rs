@@ -31,6 +31,7 @@
 
 pub mod headers;
 pub mod observe;
+mod rescue;
 pub mod sse;
 pub mod stored;
 
@@ -409,7 +410,19 @@ async fn attempt(
     // of the send, so a backend trickling bytes just faster than `idle` cannot hold it.
     let body_deadline = tokio::time::Instant::now() + timeouts.response;
     backend.state.count_request();
-    let sent = forward::send(backend, p.api.path(), headers, upstream_body, head_timeout).await;
+    let send = forward::send(backend, p.api.path(), headers, upstream_body, head_timeout);
+    tokio::pin!(send);
+    let candidates = &p.resolved.candidates;
+    let mut hang = rescue::HangWatch::new(config, candidates, claimed.idx, p.input, p.streaming);
+    let sent = loop {
+        match rescue::await_head(config, backend, send.as_mut(), &mut hang).await {
+            rescue::Waited::Head(sent) => break sent,
+            rescue::Waited::Withdrawn(health) => {
+                return Verdict::Retry(rescue::withdrawn(backend, health, &record.request_id))
+            }
+            rescue::Waited::Hung => continue,
+        }
+    };
     match classify(config, backend, sent, retries_left, body_deadline, record).await {
         Err(failure) => Verdict::Retry(failure),
         Ok(resp) => Verdict::Answer(Answer {

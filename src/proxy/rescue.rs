@@ -1,0 +1,172 @@
+//! Waiting for a backend's response head, and leaving that wait early.
+//!
+//! A request that has sent nothing to its client is withdrawn from its backend the moment the
+//! backend enters a failed state ([`Health::failed`]: ejected by live traffic, down by probes,
+//! refusing connections), whoever noticed: the prober, another request's passive detection,
+//! or a hang signal. The attempt loop then sends it to the next-best backend within the usual
+//! `routing.max_attempts` and `routing.failover_deadline`, instead of letting it sit until its
+//! own first-byte timeout.
+//!
+//! The hang deadline: a wait for the head longer than `health.hang_factor` × the backend's
+//! expected time to it (its learned TTFT and queue, from the routing score) plus
+//! `health.hang_grace`, while another candidate answered since the request was sent, is a live
+//! failure of that backend ("hang"): enough of them eject it, which rescues its other waiters.
+//!
+//! Invariants:
+//! - No polling: a wait selects on the send, the backend's withdrawal channel
+//!   ([`crate::fleet::BackendState::withdrawals`]) and at most one timer.
+//! - A withdrawn attempt is counted once (`sluice_backend_requests_total{outcome="rescued"}`,
+//!   `sluice_rescues_total`) and is not a new live failure of the backend: its state already
+//!   says it failed.
+//! - A hang signal is recorded at most once per attempt.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::fleet::backend::monotonic_ms;
+use crate::fleet::{Backend, Health};
+use crate::openai::ApiError;
+use crate::routing::RouteInput;
+use crate::telemetry::metrics as m;
+
+/// How long to look again for other backends answering when none had at the hang deadline.
+const HANG_RECHECK: Duration = Duration::from_secs(1);
+
+/// How a wait for a response head ended.
+pub(super) enum Waited<T> {
+    /// The send finished: a head, or a failure without one.
+    Head(T),
+    /// The backend entered this failed state first.
+    Withdrawn(Health),
+    /// The hang deadline passed while other backends answered (a signal was recorded).
+    Hung,
+}
+
+/// The hang deadline of one attempt.
+pub(super) struct HangWatch {
+    at: tokio::time::Instant,
+    /// When the request was sent (ms since process start).
+    sent_ms: u64,
+    /// The other candidates, whose answers make a long wait here a hang.
+    others: Vec<Arc<Backend>>,
+}
+
+impl HangWatch {
+    /// The deadline of a request sent now to `candidates[idx]` (none when
+    /// `health.hang_factor` is 0).
+    pub(super) fn new<T: AsRef<str>>(
+        config: &Config,
+        candidates: &[(Arc<Backend>, T)],
+        idx: usize,
+        input: RouteInput,
+        streaming: bool,
+    ) -> Option<HangWatch> {
+        let h = &config.health;
+        if h.hang_factor <= 0.0 {
+            return None;
+        }
+        let expected = crate::routing::expected_head_seconds(candidates, idx, input, streaming);
+        let after = Duration::try_from_secs_f64(expected * h.hang_factor)
+            .unwrap_or(Duration::MAX)
+            .saturating_add(h.hang_grace);
+        let at = tokio::time::Instant::now().checked_add(after)?;
+        let others = (0..candidates.len())
+            .filter(|i| *i != idx)
+            .map(|i| candidates[i].0.clone())
+            .collect();
+        Some(HangWatch {
+            at,
+            sent_ms: monotonic_ms(),
+            others,
+        })
+    }
+
+    /// Whether another candidate answered a request since this one was sent.
+    fn others_answering(&self) -> bool {
+        self.others
+            .iter()
+            .any(|b| b.state.last_answer_ms() >= self.sent_ms)
+    }
+}
+
+/// Wait for `send` to finish, unless `backend` fails first or the hang deadline passes while
+/// other backends answer (then a hang signal is recorded and the watch disarmed; the caller
+/// may wait again).
+pub(super) async fn await_head<F: Future>(
+    config: &Config,
+    backend: &Backend,
+    mut send: Pin<&mut F>,
+    hang: &mut Option<HangWatch>,
+) -> Waited<F::Output> {
+    let mut withdrawals = backend.state.withdrawals();
+    // Subscribed first: a failure after this check wakes the receiver.
+    let health = backend.state.health();
+    if health.failed() {
+        return Waited::Withdrawn(health);
+    }
+    loop {
+        let hang_at = hang.as_ref().map(|h| h.at);
+        tokio::select! {
+            biased;
+            out = send.as_mut() => return Waited::Head(out),
+            changed = withdrawals.changed() => {
+                let health = backend.state.health();
+                if health.failed() {
+                    return Waited::Withdrawn(health);
+                }
+                if changed.is_err() {
+                    // The state is gone with its sender: nothing can withdraw the request.
+                    return Waited::Head(send.as_mut().await);
+                }
+            }
+            () = sleep_until_some(hang_at) => {
+                let Some(watch) = hang.as_mut() else { continue };
+                if watch.others_answering() {
+                    *hang = None;
+                    hang_signal(config, backend);
+                    return Waited::Hung;
+                }
+                watch.at = tokio::time::Instant::now() + HANG_RECHECK;
+            }
+        }
+    }
+}
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A request waited far longer than `backend` explains while others answered: a live failure.
+fn hang_signal(config: &Config, backend: &Backend) {
+    tracing::warn!(
+        backend = backend.name(),
+        "no response head long past the expected time while other backends answer: hang"
+    );
+    metrics::counter!(m::HANG_SIGNALS_TOTAL, "backend" => backend.name().to_string()).increment(1);
+    backend
+        .state
+        .record_live_failure(&config.health, false, "hang");
+}
+
+/// The failure a withdrawn attempt leaves (the client sees it only if no attempt is left).
+pub(super) fn withdrawn(backend: &Backend, health: Health, request_id: &str) -> ApiError {
+    tracing::info!(
+        request_id,
+        backend = backend.name(),
+        state = health.as_str(),
+        "backend failed while the request waited for it; rescuing it elsewhere"
+    );
+    m::backend_request(backend.name(), "rescued");
+    metrics::counter!(m::RESCUES_TOTAL, "backend" => backend.name().to_string()).increment(1);
+    ApiError::bad_gateway(format!(
+        "Backend `{}` became {} while the request waited for its answer.",
+        backend.name(),
+        health.as_str()
+    ))
+}
