@@ -25,12 +25,138 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::header;
+use hyper::body::Incoming;
+
+use super::{headers, rewrite, Answer, Claimed, Prepared};
+use crate::api::BodyForm;
 use crate::config::Config;
 use crate::fleet::backend::monotonic_ms;
 use crate::fleet::{Backend, Health};
 use crate::openai::ApiError;
 use crate::routing::RouteInput;
+use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
+use crate::upstream::{self as forward, AttemptError};
+
+/// What a send ends with: a response head, or the failure that left none.
+pub(super) type Sent = Result<http::Response<Incoming>, AttemptError>;
+
+/// One copy of the request on its way to one backend.
+pub(super) struct Copy<'a> {
+    /// The backend (an index into the request's candidates) with its slot.
+    pub(super) claimed: Claimed,
+    send: Pin<Box<dyn Future<Output = Sent> + Send + 'a>>,
+    hang: Option<HangWatch>,
+    /// Since the request arrived, when this copy was sent.
+    sent_after: Duration,
+    /// A non-streamed answer (or an error body) must be complete by then.
+    pub(super) body_deadline: tokio::time::Instant,
+    strip_usage: bool,
+}
+
+impl<'a> Copy<'a> {
+    /// Rewrite the body for the claimed backend and send it. Only the first copy of an
+    /// attempt watches for a hang (a hedge is sent at most once).
+    pub(super) fn launch(
+        config: &Config,
+        p: &'a Prepared,
+        claimed: Claimed,
+        record: &AccessRecord,
+        watch_hang: bool,
+    ) -> Copy<'a> {
+        let (backend, backend_model) = &p.resolved.candidates[claimed.idx];
+        let (upstream_body, strip_usage) = rewrite(p, backend_model);
+        let mut headers = headers::upstream_headers(
+            &p.client_headers,
+            &record.request_id,
+            backend.config.api_key.as_deref(),
+        );
+        if p.api.body_form() == BodyForm::Multipart {
+            // The boundary is in the content type: the body is only readable with it.
+            if let Some(ct) = p.client_headers.get(header::CONTENT_TYPE) {
+                headers.insert(header::CONTENT_TYPE, ct.clone());
+            }
+        }
+        let timeouts = backend.config.timeouts;
+        let head_timeout = if p.streaming {
+            timeouts.first_byte
+        } else {
+            timeouts.response
+        };
+        let hang = watch_hang
+            .then(|| {
+                HangWatch::new(
+                    config,
+                    &p.resolved.candidates,
+                    claimed.idx,
+                    p.input,
+                    p.streaming,
+                )
+            })
+            .flatten();
+        backend.state.count_request();
+        let path = p.api.path();
+        Copy {
+            claimed,
+            send: Box::pin(forward::send(
+                backend,
+                path,
+                headers,
+                upstream_body,
+                head_timeout,
+            )),
+            hang,
+            sent_after: record.started.elapsed(),
+            // A non-streamed answer (or an error body) must be complete within
+            // `timeouts.response` of the send, so a backend trickling bytes just faster than
+            // `idle` cannot hold it.
+            body_deadline: tokio::time::Instant::now() + timeouts.response,
+            strip_usage,
+        }
+    }
+
+    /// The answer this copy's head makes.
+    pub(super) fn answer(self, resp: http::Response<Incoming>) -> Answer {
+        Answer {
+            resp,
+            claimed: self.claimed,
+            sent_after: self.sent_after,
+            body_deadline: self.body_deadline,
+            strip_usage: self.strip_usage,
+        }
+    }
+
+    async fn wait(&mut self, config: &Config, p: &Prepared) -> Waited<Sent> {
+        let backend = &p.resolved.candidates[self.claimed.idx].0;
+        await_head(config, backend, self.send.as_mut(), &mut self.hang).await
+    }
+}
+
+/// Wait for the first of (at most two) copies to finish its wait; its index and how.
+pub(super) async fn await_any(
+    config: &Config,
+    p: &Prepared,
+    copies: &mut [Copy<'_>],
+) -> (usize, Waited<Sent>) {
+    match copies {
+        [] => std::future::pending().await,
+        [a] => (0, a.wait(config, p).await),
+        [a, b, ..] => tokio::select! {
+            w = a.wait(config, p) => (0, w),
+            w = b.wait(config, p) => (1, w),
+        },
+    }
+}
+
+/// The copies left when another answered: dropped by the caller (their connections close,
+/// their engines abort, their slots are freed); counted here.
+pub(super) fn cancel(p: &Prepared, copies: &[Copy<'_>]) {
+    for c in copies {
+        let backend = &p.resolved.candidates[c.claimed.idx].0;
+        m::backend_request(backend.name(), "cancelled");
+    }
+}
 
 /// How long to look again for other backends answering when none had at the hang deadline.
 const HANG_RECHECK: Duration = Duration::from_secs(1);
@@ -95,7 +221,7 @@ impl HangWatch {
 /// Wait for `send` to finish, unless `backend` fails first or the hang deadline passes while
 /// other backends answer (then a hang signal is recorded and the watch disarmed; the caller
 /// may wait again).
-pub(super) async fn await_head<F: Future>(
+pub(super) async fn await_head<F: Future + ?Sized>(
     config: &Config,
     backend: &Backend,
     mut send: Pin<&mut F>,

@@ -310,3 +310,98 @@ async fn passive_detection_by_another_request_rescues_a_waiting_one() {
     assert_eq!(state.failures_total(), 1);
     sims[1].set_fault(Fault::healthy()).unwrap();
 }
+
+/// Four concurrent chats for model `rsc-hedge`: (status, backend, seconds) of each.
+async fn four_chats(g: &TestGateway) -> Vec<(u16, String, Duration)> {
+    let url = g.url("/v1/chat/completions");
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let r = post_json(&client(), url, &chat_body("rsc-hedge", false, 4)).await;
+                let backend = header(&r, "x-sluice-backend").to_string();
+                (r.status().as_u16(), backend, t.elapsed())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+fn hedge_config(slow: &str, fast: &str, hedge: bool) -> String {
+    let mut t = format!(
+        "[routing]\npolicy = \"round-robin\"\nexpose_backend_header = true\nhedge = {hedge}\n"
+    );
+    // Signals alone must not eject here: the hedge is what answers.
+    t.push_str("\n[health]\ninterval = \"30s\"\nhang_factor = 1\nhang_grace = \"300ms\"\neject_after_failures = 50\n");
+    t.push_str(&backend("rsc-e0", "vllm", slow, &["rsc-hedge"]));
+    t.push_str(&backend("rsc-e1", "vllm", fast, &["rsc-hedge"]));
+    t
+}
+
+/// With `[routing] hedge`, a request past its hang deadline while others answer also goes to
+/// another backend; the first head wins, the slow copy is cancelled, and both slots are freed.
+/// Without it (the default) the request waits for its slow backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hedging_sends_a_copy_at_the_hang_deadline_and_keeps_the_first_answer() {
+    let slow = sim(SimKind::Vllm, &["rsc-hedge"]).await;
+    let fast = sim(SimKind::Vllm, &["rsc-hedge"]).await;
+    let delay = Fault::from_parts(FaultMode::Slow, Some(1.0), None, None, None, Some(2500));
+
+    let g = TestGateway::start_healthy(&hedge_config(&slow.url(), &fast.url(), false)).await;
+    slow.set_fault(delay.clone()).unwrap();
+    let off = four_chats(&g).await;
+    assert!(off.iter().all(|(s, _, _)| *s == 200), "{off:?}");
+    let waited: Vec<_> = off.iter().filter(|(_, b, _)| b == "rsc-e0").collect();
+    assert!(!waited.is_empty(), "{off:?}");
+    assert!(
+        waited
+            .iter()
+            .all(|(_, _, d)| *d >= Duration::from_millis(2500)),
+        "{off:?}"
+    );
+    slow.set_fault(Fault::healthy()).unwrap();
+    drop(g);
+
+    let g = TestGateway::start_healthy(&hedge_config(&slow.url(), &fast.url(), true)).await;
+    slow.set_fault(delay).unwrap();
+    let hedges = || async {
+        metric(
+            &g.metrics_text().await,
+            "sluice_hedges_total{model=\"rsc-hedge\"}",
+        )
+    };
+    let before = hedges().await;
+    let on = four_chats(&g).await;
+    assert!(on.iter().all(|(s, _, _)| *s == 200), "{on:?}");
+    assert!(on.iter().all(|(_, b, _)| b == "rsc-e1"), "{on:?}");
+    assert!(
+        on.iter().all(|(_, _, d)| *d < Duration::from_millis(2000)),
+        "{on:?}"
+    );
+    assert!(hedges().await >= before + 1.0);
+    let cancelled = metric(
+        &g.metrics_text().await,
+        "sluice_backend_requests_total{backend=\"rsc-e0\",outcome=\"cancelled\"}",
+    );
+    assert!(cancelled >= 1.0, "{cancelled}");
+    // Each copy held its own backend's slot; both are free again.
+    let rt = g.gw.runtime();
+    for name in ["rsc-e0", "rsc-e1"] {
+        let state = rt.fleet.get(name).unwrap().state.clone();
+        eventually(
+            Duration::from_secs(2),
+            format!("{name} has no request in flight"),
+            || {
+                let n = state.inflight_requests();
+                async move { n == 0 }
+            },
+        )
+        .await;
+    }
+    slow.set_fault(Fault::healthy()).unwrap();
+}
