@@ -284,8 +284,15 @@ impl BackendState {
     }
 
     /// The context length the backend reported for its model `backend_model`.
+    /// (Ollama names `m` and `m:latest` the same model.)
     pub fn context_length(&self, backend_model: &str) -> Option<u64> {
-        self.context_lengths.load().get(backend_model).copied()
+        let lengths = self.context_lengths.load();
+        let bare = backend_model.strip_suffix(":latest");
+        lengths
+            .get(backend_model)
+            .or_else(|| bare.and_then(|b| lengths.get(b)))
+            .or_else(|| lengths.get(&format!("{backend_model}:latest")))
+            .copied()
     }
 
     /// Replace the reported context lengths (an empty report keeps the previous ones: a list
@@ -294,6 +301,20 @@ impl BackendState {
         if !lengths.is_empty() {
             self.context_lengths.store(Arc::new(lengths));
         }
+    }
+
+    /// Add reported context lengths to those known (Ollama reports only its loaded models).
+    pub fn add_context_lengths(&self, lengths: BTreeMap<String, u64>) {
+        if !lengths.is_empty() {
+            let mut all = BTreeMap::clone(&self.context_lengths.load());
+            all.extend(lengths);
+            self.context_lengths.store(Arc::new(all));
+        }
+    }
+
+    /// Every context length known, by backend model name.
+    pub fn context_lengths(&self) -> Arc<BTreeMap<String, u64>> {
+        self.context_lengths.load_full()
     }
 
     /// The backend was re-admitted at `at_ms` (ms since process start): slow start begins.
@@ -705,6 +726,31 @@ mod tests {
         assert_eq!(b.serves("llama-3.1-8b").as_deref(), Some("llama3.1:8b"));
         assert_eq!(b.serves("qwen").as_deref(), Some("qwen:latest"));
         assert_eq!(b.serves("qwen:latest").as_deref(), Some("qwen:latest"));
+    }
+
+    #[test]
+    fn context_lengths_are_found_by_either_ollama_name_and_failures_withdraw() {
+        let s = BackendState::new();
+        s.set_context_lengths([("a:latest".to_string(), 8192), ("b".to_string(), 4096)].into());
+        s.add_context_lengths([("c".to_string(), 2048)].into());
+        s.set_context_lengths(BTreeMap::new());
+        assert_eq!(s.context_length("a"), Some(8192));
+        assert_eq!(s.context_length("b:latest"), Some(4096));
+        assert_eq!(s.context_length("c"), Some(2048));
+        assert_eq!(s.context_length("d"), None);
+        // Entering a failed state wakes the waiters once; staying failed or recovering does not.
+        let mut rx = s.withdrawals();
+        s.set_health(Health::Healthy);
+        s.set_health(Health::Overloaded);
+        assert!(!rx.has_changed().unwrap());
+        s.set_health(Health::Down);
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        s.set_health(Health::Ejected);
+        assert!(!rx.has_changed().unwrap());
+        s.set_health(Health::Healthy);
+        s.set_health(Health::Starting);
+        assert!(rx.has_changed().unwrap());
     }
 
     #[test]

@@ -29,6 +29,7 @@
 //! - No network input can panic this code; every failure is an [`ApiError`], shaped for the
 //!   client by its API.
 
+mod context;
 pub mod headers;
 pub mod observe;
 mod rescue;
@@ -181,11 +182,12 @@ async fn prepare(
     };
     record.stream = fields.stream;
     let pin = api.pin(&body, &identity.tenant)?;
-    let resolved = resolve(rt, api, &identity, &fields, pin.as_ref())?;
+    let mut resolved = resolve(rt, api, &identity, &fields, pin.as_ref())?;
     record.model = resolved.canonical.clone();
     let policy = resolved.policy.unwrap_or(config.routing.policy);
     let shapes = gw.router.shapes.clone();
     let input = size(config, api, &shapes, &resolved, &fields, &body).await;
+    context::fit(&mut resolved, fields.max_tokens, input)?;
     let permit = gw
         .limits
         .admit(&identity, &resolved.canonical, input.tokens)

@@ -408,7 +408,26 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         Ok(c) => c,
         Err(resp) => return resp,
     };
+    let cap = Cap::new(cap, r.ignore_eos);
     answer(sim, true, seed(sim, r.seed), &prompt, cap, stream, usage).await
+}
+
+/// How long an answer may be: `max_tokens` (or what the context leaves), and whether it must
+/// be exactly that long (`ignore_eos`: the end of text does not stop generation, so the answer
+/// ends by length).
+#[derive(Clone, Copy)]
+struct Cap {
+    max: u32,
+    ignore_eos: bool,
+}
+
+impl Cap {
+    fn new(max: u32, ignore_eos: Option<bool>) -> Cap {
+        Cap {
+            max,
+            ignore_eos: ignore_eos.unwrap_or(false),
+        }
+    }
 }
 
 /// A chat (`chat`) or completions request, checked: the injected fault if one is due, else the
@@ -418,7 +437,7 @@ async fn answer(
     chat: bool,
     seed: u64,
     prompt: &str,
-    cap: u32,
+    cap: Cap,
     stream: bool,
     usage: bool,
 ) -> Response<SimBody> {
@@ -426,7 +445,11 @@ async fn answer(
         return resp;
     }
     let model = &sim.config.models[0];
-    let plan = sim.plan(seed, model, prompt, Some(cap));
+    let plan = if cap.ignore_eos {
+        sim.plan_to_length(seed, model, prompt, cap.max)
+    } else {
+        sim.plan(seed, model, prompt, Some(cap.max))
+    };
     let ctx =
         Ctx::new(Surface::Vllm, chat, model).with_prompt_details(sim.config.prompt_tokens_details);
     let opts = RespondOpts {
@@ -501,6 +524,7 @@ async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody
         Ok(c) => c,
         Err(resp) => return resp,
     };
+    let cap = Cap::new(cap, r.ignore_eos);
     answer(sim, false, seed(sim, r.seed), &prompt, cap, stream, usage).await
 }
 
