@@ -10,6 +10,12 @@
 //!   for an unloaded model pays the load time (one request loads, concurrent ones wait for it)
 //!   and reports it as `load_duration`; `/api/ps` lists exactly the loaded models.
 //! - `max_completion_tokens` is ignored on `/v1/*`, as Ollama does.
+//! - A prompt as long as the context window (`num_ctx`, `/api/ps` `context_length`) or longer
+//!   is not refused: it is truncated as Ollama's runner does with context shift on (its
+//!   default), keeping `num_keep` tokens (default 4; -1: all that fit) and the end, so only
+//!   `num_ctx - (num_ctx - num_keep) / 2` tokens are prefilled and reported as
+//!   `prompt_eval_count`. (Real Ollama first drops whole old chat messages to fit; the
+//!   simulator cuts the rendered prompt only.)
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;

@@ -4,7 +4,10 @@
 //! Invariants: every configured model name is a served alias of one engine (as
 //! `--served-model-name a b` does): requests may use any alias or omit `model`; responses and
 //! the metrics label use the first name. Bodies and SSE framing match the captures of a real
-//! vLLM 0.32 server byte for byte (except ids, timestamps and the text).
+//! vLLM 0.32 server byte for byte (except ids, timestamps and the text). A prompt plus
+//! `max_tokens` beyond `max_model_len` is vLLM's 400 before any work; `ignore_eos: true` on
+//! chat and completions generates exactly `max_tokens` (or what the context leaves) and ends by
+//! `length`, as the end of text no longer stops it.
 
 // Validation helpers return the engine's ready-made error answer as their `Err`; it is built
 // only on the failure path, so its size does not matter.
