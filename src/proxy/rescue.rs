@@ -296,3 +296,109 @@ pub(super) fn withdrawn(backend: &Backend, health: Health, request_id: &str) -> 
         health.as_str()
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::speed::Observation;
+    use crate::fleet::BackendState;
+
+    fn candidates(config: &Config) -> Vec<(Arc<Backend>, String)> {
+        config
+            .backends
+            .iter()
+            .map(|c| {
+                let b = Backend::new(c.clone(), Arc::new(BackendState::new()));
+                (Arc::new(b), "m".to_string())
+            })
+            .collect()
+    }
+
+    fn config(health: &str) -> Config {
+        let mut t = format!("[health]\n{health}\n");
+        for name in ["slow", "fast"] {
+            t.push_str(&format!("[[backends]]\nname = \"{name}\"\nkind = \"vllm\"\nurl = \"http://127.0.0.1:9\"\nmodels = [\"m\"]\n"));
+        }
+        crate::config::from_str(&t, "t").unwrap()
+    }
+
+    /// `b` measured at `prefill_tps` on 1000-token prompts and 50 output tokens a second.
+    fn measure(b: &Backend, prefill_tps: f64) {
+        let ttft = 1000.0 / prefill_tps;
+        for _ in 0..10 {
+            let o = Observation {
+                prompt_tokens: 1000,
+                completion_tokens: 100,
+                ttft: Some(Duration::from_secs_f64(ttft)),
+                total: Duration::from_secs_f64(ttft + 2.0),
+                queued: false,
+            };
+            b.state.speeds().observe(&o, 1.0);
+        }
+    }
+
+    fn input() -> RouteInput {
+        RouteInput {
+            tokens: 1100,
+            prefix_hash: None,
+            prompt_tokens: 1000,
+            prefix_tokens: 0,
+        }
+    }
+
+    /// Seconds from now to the hang deadline of `candidates[idx]`.
+    fn after(config: &Config, c: &[(Arc<Backend>, String)], idx: usize, stream: bool) -> f64 {
+        let w = HangWatch::new(config, c, idx, input(), stream).unwrap();
+        (w.at - tokio::time::Instant::now()).as_secs_f64()
+    }
+
+    #[tokio::test]
+    async fn the_hang_deadline_follows_each_backends_learned_speed() {
+        let config = config("hang_factor = 4\nhang_grace = \"5s\"");
+        let c = candidates(&config);
+        measure(&c[0].0, 100.0); // 10 s to the first token of 1000 prompt tokens
+        measure(&c[1].0, 10_000.0); // 0.1 s
+                                    // 4 × 10 s + 5 s against 4 × 0.1 s + 5 s (a stream waits for its first token).
+        let slow = after(&config, &c, 0, true);
+        let fast = after(&config, &c, 1, true);
+        assert!((44.0..46.0).contains(&slow), "{slow}");
+        assert!((5.3..5.5).contains(&fast), "{fast}");
+        // A non-streamed request waits for its whole answer: the decode is expected too.
+        assert!(after(&config, &c, 1, false) > fast + 1.0);
+        // A queue at the backend is time the request is expected to wait.
+        let _busy: Vec<_> = (0..300)
+            .map(|_| {
+                crate::fleet::LoadGuard::new(
+                    c[1].0.state.clone(),
+                    crate::fleet::Load::new(1100, 1000),
+                )
+            })
+            .collect();
+        assert!(after(&config, &c, 1, true) > fast + 10.0);
+    }
+
+    #[tokio::test]
+    async fn no_deadline_when_off_and_others_count_only_after_the_send() {
+        let off = config("hang_factor = 0");
+        let c = candidates(&off);
+        assert!(HangWatch::new(&off, &c, 0, input(), true).is_none());
+        let on = config("");
+        let c = candidates(&on);
+        c[1].0.state.record_live_success();
+        // (the clock has millisecond steps: the answer must be at a later millisecond)
+        std::thread::sleep(Duration::from_millis(2));
+        let w = HangWatch::new(&on, &c, 0, input(), true).unwrap();
+        assert!(
+            !w.others_answering(),
+            "an answer before the send does not count"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        c[0].0.state.record_live_success();
+        assert!(
+            !w.others_answering(),
+            "its own backend's answers do not count"
+        );
+        c[1].0.state.record_live_success();
+        assert!(w.others_answering());
+    }
+}
