@@ -11,6 +11,8 @@
 //! - else the candidates with the largest window stay, and the engine, which counts exactly,
 //!   decides.
 
+use http::StatusCode;
+
 use crate::config::BackendKind;
 use crate::fleet::Resolved;
 use crate::openai::ApiError;
@@ -64,23 +66,43 @@ pub(super) fn fit(
     Ok(())
 }
 
-/// vLLM's answer to a request beyond the context window.
+/// vLLM's answer to a request beyond the context window, in its words, its error type and
+/// its code (an integer 400 in vLLM's body, a string once normalised for OpenAI clients), so a
+/// client sees the same answer whether the engine or the gateway refused. The prompt count is
+/// the gateway's estimate (or exact count), hence "about".
 fn too_long(len: u64, prompt: u64, max_tokens: Option<u64>) -> ApiError {
-    let message = match max_tokens {
-        Some(m) => format!(
-            "This model's maximum context length is {len} tokens. However, you requested \
-             about {} tokens ({prompt} in the messages, {m} in the completion). Please reduce \
-             the length of the messages or completion.",
-            prompt.saturating_add(m)
+    let (message, param) = match max_tokens {
+        _ if prompt >= len => (
+            format!(
+                "This model's maximum context length is {len} tokens. However, your request \
+                 has about {prompt} input tokens. Please reduce the length of the input messages."
+            ),
+            None,
         ),
-        None => format!(
-            "This model's maximum context length is {len} tokens. However, your request has \
-             about {prompt} input tokens. Please reduce the length of the input messages."
+        Some(m) if m > len => (
+            format!(
+                "max_tokens={m} cannot be greater than max_model_len={len}. Please request \
+                 fewer output tokens."
+            ),
+            Some("max_tokens"),
         ),
+        m => {
+            let m = m.unwrap_or(1);
+            (
+                format!(
+                    "'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's \
+                     maximum context length is {len} tokens and your request has about {prompt} \
+                     input tokens ({m} > {len} - {prompt})."
+                ),
+                Some("max_tokens"),
+            )
+        }
     };
-    ApiError::bad_request(message)
-        .with_param("messages")
-        .with_code("context_length_exceeded")
+    let err = ApiError::new(StatusCode::BAD_REQUEST, "BadRequestError", message).with_code("400");
+    match param {
+        Some(p) => err.with_param(p),
+        None => err,
+    }
 }
 
 #[cfg(test)]
@@ -162,14 +184,24 @@ mod tests {
         ]);
         let (f, i) = request(20_000, Some(10));
         let err = fit(&mut r, f, i).unwrap_err();
-        assert_eq!(err.code.as_deref(), Some("context_length_exceeded"));
-        assert!(
-            err.message
-                .contains("maximum context length is 8192 tokens"),
-            "{}",
-            err.message
+        assert_eq!(err.code.as_deref(), Some("400"));
+        assert_eq!(err.kind, "BadRequestError");
+        assert_eq!(
+            err.message,
+            "This model's maximum context length is 8192 tokens. However, your request has \
+             about 20000 input tokens. Please reduce the length of the input messages."
         );
-        assert!(err.message.contains("20010"), "{}", err.message);
+        // Output beyond the window, and output beyond what the prompt leaves: vLLM's words.
+        let (f, i) = request(10, Some(9000));
+        let err = fit(&mut r, f, i).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("max_tokens"));
+        let want = "max_tokens=9000 cannot be greater than max_model_len=8192.";
+        assert!(err.message.starts_with(want), "{}", err.message);
+        let (f, i) = request(4000, Some(6000));
+        let err = fit(&mut r, f, i).unwrap_err();
+        let want = "is too large: 6000. This model's maximum context length is 8192 tokens and \
+                    your request has about 4000 input tokens (6000 > 8192 - 4000).";
+        assert!(err.message.contains(want), "{}", err.message);
         // Within the estimate's error of the largest window: the engine decides.
         let (f, i) = request(8500, Some(10));
         fit(&mut r, f, i).unwrap();
