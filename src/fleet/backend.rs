@@ -370,6 +370,12 @@ impl BackendState {
         }
     }
 
+    /// The health as last set, draining or not: a member that left because it failed is
+    /// draining and failed at once.
+    pub fn health_as_set(&self) -> Health {
+        Health::from_u8(self.health.load(Ordering::Relaxed))
+    }
+
     /// A receiver that sees the backend enter a failed state from now on. Subscribe before
     /// sending, then check [`Self::health`]: a failure in between is not missed.
     pub fn withdrawals(&self) -> tokio::sync::watch::Receiver<u64> {

@@ -228,8 +228,9 @@ pub(super) async fn await_head<F: Future + ?Sized>(
     hang: &mut Option<HangWatch>,
 ) -> Waited<F::Output> {
     let mut withdrawals = backend.state.withdrawals();
-    // Subscribed first: a failure after this check wakes the receiver.
-    let health = backend.state.health();
+    // Subscribed first: a failure after this check wakes the receiver. (The health as set, not
+    // as routing sees it: a failed member that also left the fleet shows `draining`.)
+    let health = backend.state.health_as_set();
     if health.failed() {
         return Waited::Withdrawn(health);
     }
@@ -239,14 +240,12 @@ pub(super) async fn await_head<F: Future + ?Sized>(
             biased;
             out = send.as_mut() => return Waited::Head(out),
             changed = withdrawals.changed() => {
-                let health = backend.state.health();
-                if health.failed() {
-                    return Waited::Withdrawn(health);
-                }
                 if changed.is_err() {
                     // The state is gone with its sender: nothing can withdraw the request.
                     return Waited::Head(send.as_mut().await);
                 }
+                // A change is always an entry into a failed state.
+                return Waited::Withdrawn(backend.state.health_as_set());
             }
             () = sleep_until_some(hang_at) => {
                 let Some(watch) = hang.as_mut() else { continue };

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde_json::json;
 use sluice::sim::{Fault, FaultMode, SimConfig, SimKind};
 use support::*;
 
@@ -404,4 +405,55 @@ async fn hedging_sends_a_copy_at_the_hang_deadline_and_keeps_the_first_answer() 
         .await;
     }
     slow.set_fault(Fault::healthy()).unwrap();
+}
+
+/// A registered member that stops heartbeating is presumed dead: a request waiting for its
+/// answer is rescued by the expiry, not left to its own timeout while the member drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_that_expires_rescues_its_waiters() {
+    let fixed = sim(SimKind::Vllm, &["rsc-reg"]).await;
+    let member = sim(SimKind::Vllm, &["rsc-reg"]).await;
+    let text = format!(
+        "[routing]\npolicy = \"round-robin\"\nexpose_backend_header = true\n\
+         [timeouts]\nfirst_byte = \"60s\"\nresponse = \"60s\"\n\
+         [health]\ninterval = \"30s\"\nhang_factor = 0\n{}",
+        backend("rsc-fixed", "vllm", &fixed.url(), &["rsc-reg"])
+    );
+    let g = TestGateway::start_healthy(&text).await;
+    let c = client();
+    let reg = json!({"name": "rsc-member", "kind": "vllm", "url": member.url(), "models": ["rsc-reg"], "ttl": "1s"});
+    assert_eq!(
+        post_json(&c, g.admin_url("/admin/backends"), &reg)
+            .await
+            .status(),
+        201
+    );
+    g.wait_state("rsc-member", "healthy", Duration::from_secs(5))
+        .await;
+    member.set_fault(Fault::mode(FaultMode::Hang)).unwrap();
+    // Two requests: round robin sends one to the hung member.
+    let url = g.url("/v1/chat/completions");
+    let tasks: Vec<_> = (0..2)
+        .map(|_| {
+            let (c, url) = (c.clone(), url.clone());
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let r = post_json(&c, url, &chat_body("rsc-reg", false, 4)).await;
+                (
+                    r.status().as_u16(),
+                    header(&r, "x-sluice-backend").to_string(),
+                    t.elapsed(),
+                )
+            })
+        })
+        .collect();
+    for t in tasks {
+        let (status, backend, took) = t.await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(backend, "rsc-fixed");
+        // The TTL (1 s) plus a membership tick, far from the minute of its timeout.
+        assert!(took < Duration::from_secs(4), "{took:?}");
+    }
+    assert!(counter(&g, "sluice_rescues_total", "rsc-member").await >= 1.0);
+    member.set_fault(Fault::healthy()).unwrap();
 }
