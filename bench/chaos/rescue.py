@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--binary", default=os.path.join(os.path.dirname(__file__), "..", "..", "target", "release", "sluice"))
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--hang", type=float, default=8.0, help="seconds s1 stays hung")
+    ap.add_argument("--probe-interval", default=None,
+                    help='[health] interval, e.g. "30s": probes too slow to notice, so only '
+                         'the hang deadline can (default: the default config)')
     args = ap.parse_args()
     binary = os.path.abspath(args.binary)
     if not os.path.exists(binary):
@@ -94,6 +97,8 @@ def main():
         wait_port(p)
     gw_port = free_port()
     cfg = f'[server]\nlisten = "127.0.0.1:{gw_port}"\n[routing]\nexpose_backend_header = true\n'
+    if args.probe_interval:
+        cfg += f'[health]\ninterval = "{args.probe_interval}"\n'
     for i, p in enumerate(ports):
         cfg += f'\n[[backends]]\nname = "s{i}"\nkind = "vllm"\nurl = "http://127.0.0.1:{p}"\nmodels = ["m"]\n'
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
@@ -128,6 +133,7 @@ def main():
         lat = sorted(r[1] - r[0] for r in during)
         report = {
             "clients": args.clients,
+            "probe_interval": args.probe_interval or "1s (default)",
             "hang_s": args.hang,
             "sent_during_hang": len(during),
             "failed_during_hang": sum(1 for r in during if not r[2]),
