@@ -4,10 +4,12 @@
 //! ```text
 //! handle ─► prepare: auth, body (capped), content type, fields, allow-list, resolve,
 //!           size (estimate, or a large prompt's exact count from a candidate's tokenizer),
-//!           admission
+//!           the candidates whose context window fits ([`context`]), admission
 //!        ─► attempt loop (proxy):
 //!             pick_or_wait (all candidates at their cap → the fair queue, bounded by
-//!             `queue.timeout`) → attempt: rewrite (model name, forced usage) → send
+//!             `queue.timeout`) → attempt: rewrite (model name, forced usage) → send, waiting
+//!             for the head beside the backend's failure and the hang deadline ([`rescue`]:
+//!             withdrawn when the backend fails; with `routing.hedge` a second copy)
 //!             → classify: retry elsewhere with the failure, or answer
 //!        ─► respond: a backend error normalised, a stream through [`observe::ObservedStream`],
 //!           or the whole answer read; settlement built once ([`settlement`])
