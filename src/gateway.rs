@@ -193,6 +193,12 @@ fn spawn_membership(gw: Weak<Gateway>) {
             let mut changed = false;
             for name in gw.registrations.expire() {
                 tracing::warn!(backend = %name, "registration expired (no heartbeat within its TTL)");
+                // A member that stopped heartbeating is presumed dead: requests still waiting
+                // for its answer are rescued elsewhere now (streams it is answering go on
+                // while it drains).
+                if let Some(b) = gw.runtime().fleet.get(&name) {
+                    b.state.set_health(crate::fleet::Health::Down);
+                }
                 metrics::counter!(crate::telemetry::metrics::MEMBERSHIP_CHANGES_TOTAL, "source" => "expiry")
                     .increment(1);
                 changed = true;

@@ -244,6 +244,9 @@ pub struct RoutingSection {
     pub tokenize_above: Option<u64>,
     /// Longest wait for that count before the estimate is used instead (default "250ms").
     pub tokenize_timeout: Option<String>,
+    /// At the hang deadline (`[health] hang_factor`), send a copy of the request to another
+    /// backend and keep whichever answers first (default false: it costs GPU work).
+    pub hedge: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -281,6 +284,12 @@ pub struct HealthSection {
     pub overload_waiting: Option<u64>,
     /// How often engine load signals are read (default: `interval`; "0s" = never).
     pub signals_interval: Option<String>,
+    /// A wait for a response head longer than `hang_factor` × the backend's expected time to
+    /// it plus `hang_grace`, while other backends answer, is a live failure of that backend
+    /// (default 4; 0 = off).
+    pub hang_factor: Option<f64>,
+    /// The fixed part of that deadline (default "5s").
+    pub hang_grace: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -250,6 +250,8 @@ pub struct RoutingConfig {
     /// tokens or more (`crate::fleet::tokenize`); 0: never.
     pub tokenize_above: u64,
     pub tokenize_timeout: Duration,
+    /// Send a copy elsewhere at a waiting request's hang deadline; keep the first answer.
+    pub hedge: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -268,6 +270,10 @@ pub struct HealthConfig {
     pub overload_waiting: u64,
     /// How often engine load signals are read (`/metrics`, `/api/ps`); zero: never.
     pub signals_interval: Duration,
+    /// Hang deadline of a wait for a response head: `hang_factor` × the expected time to it
+    /// plus `hang_grace` (factor 0: no hang deadline).
+    pub hang_factor: f64,
+    pub hang_grace: Duration,
 }
 
 /// Run-time membership: the registration API and DNS discovery.

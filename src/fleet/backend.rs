@@ -107,6 +107,12 @@ impl Health {
     pub fn preferred(self) -> bool {
         matches!(self, Health::Unknown | Health::Healthy)
     }
+
+    /// Whether it is out because it failed (probes, live traffic, or refusing connections):
+    /// requests still waiting for its answer are rescued elsewhere.
+    pub fn failed(self) -> bool {
+        matches!(self, Health::Ejected | Health::Down | Health::Starting)
+    }
 }
 
 /// Milliseconds since this process started; a cheap monotonic clock for atomics.
@@ -177,6 +183,12 @@ pub struct BackendState {
     signals: ArcSwap<Signals>,
     /// Measured speeds (EWMAs), fed when requests settle (see [`super::speed`]).
     speeds: Speeds,
+    /// Bumped each time the backend enters a failed state ([`Health::failed`]): requests
+    /// waiting for its response head select on it and are rescued elsewhere at once.
+    withdrawals: tokio::sync::watch::Sender<u64>,
+    /// When it last answered a live request (ms since process start; 0 = never): the
+    /// adaptive first-byte deadline counts a wait only while other backends answer.
+    last_answer_ms: AtomicU64,
 }
 
 impl Default for BackendState {
@@ -202,6 +214,8 @@ impl BackendState {
             engine_waiting: AtomicU64::new(0),
             signals: ArcSwap::from_pointee(Signals::default()),
             speeds: Speeds::default(),
+            withdrawals: tokio::sync::watch::Sender::new(0),
+            last_answer_ms: AtomicU64::new(0),
         }
     }
 
@@ -270,8 +284,15 @@ impl BackendState {
     }
 
     /// The context length the backend reported for its model `backend_model`.
+    /// (Ollama names `m` and `m:latest` the same model.)
     pub fn context_length(&self, backend_model: &str) -> Option<u64> {
-        self.context_lengths.load().get(backend_model).copied()
+        let lengths = self.context_lengths.load();
+        let bare = backend_model.strip_suffix(":latest");
+        lengths
+            .get(backend_model)
+            .or_else(|| bare.and_then(|b| lengths.get(b)))
+            .or_else(|| lengths.get(&format!("{backend_model}:latest")))
+            .copied()
     }
 
     /// Replace the reported context lengths (an empty report keeps the previous ones: a list
@@ -280,6 +301,20 @@ impl BackendState {
         if !lengths.is_empty() {
             self.context_lengths.store(Arc::new(lengths));
         }
+    }
+
+    /// Add reported context lengths to those known (Ollama reports only its loaded models).
+    pub fn add_context_lengths(&self, lengths: BTreeMap<String, u64>) {
+        if !lengths.is_empty() {
+            let mut all = BTreeMap::clone(&self.context_lengths.load());
+            all.extend(lengths);
+            self.context_lengths.store(Arc::new(all));
+        }
+    }
+
+    /// Every context length known, by backend model name.
+    pub fn context_lengths(&self) -> Arc<BTreeMap<String, u64>> {
+        self.context_lengths.load_full()
     }
 
     /// The backend was re-admitted at `at_ms` (ms since process start): slow start begins.
@@ -326,8 +361,30 @@ impl BackendState {
         Health::from_u8(self.health.load(Ordering::Relaxed))
     }
 
+    /// Set the health; entering a failed state ([`Health::failed`]) from another state
+    /// wakes the requests waiting here (see [`Self::withdrawals`]).
     pub fn set_health(&self, h: Health) {
-        self.health.store(h as u8, Ordering::Relaxed);
+        let before = Health::from_u8(self.health.swap(h as u8, Ordering::Relaxed));
+        if h.failed() && !before.failed() {
+            self.withdrawals.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// The health as last set, draining or not: a member that left because it failed is
+    /// draining and failed at once.
+    pub fn health_as_set(&self) -> Health {
+        Health::from_u8(self.health.load(Ordering::Relaxed))
+    }
+
+    /// A receiver that sees the backend enter a failed state from now on. Subscribe before
+    /// sending, then check [`Self::health`]: a failure in between is not missed.
+    pub fn withdrawals(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.withdrawals.subscribe()
+    }
+
+    /// When it last answered a live request (ms since process start; 0 = never).
+    pub fn last_answer_ms(&self) -> u64 {
+        self.last_answer_ms.load(Ordering::Relaxed)
     }
 
     pub fn track(&self) -> std::sync::MutexGuard<'_, Track> {
@@ -348,6 +405,8 @@ impl BackendState {
     /// A live request got an answer from this backend (any status it is responsible for
     /// being well, e.g. 2xx or a client's 4xx).
     pub fn record_live_success(&self) {
+        self.last_answer_ms
+            .fetch_max(monotonic_ms().max(1), Ordering::Relaxed);
         let mut t = self.track();
         t.live_fail_streak = 0;
         t.busy_streak = 0;
@@ -673,6 +732,31 @@ mod tests {
         assert_eq!(b.serves("llama-3.1-8b").as_deref(), Some("llama3.1:8b"));
         assert_eq!(b.serves("qwen").as_deref(), Some("qwen:latest"));
         assert_eq!(b.serves("qwen:latest").as_deref(), Some("qwen:latest"));
+    }
+
+    #[test]
+    fn context_lengths_are_found_by_either_ollama_name_and_failures_withdraw() {
+        let s = BackendState::new();
+        s.set_context_lengths([("a:latest".to_string(), 8192), ("b".to_string(), 4096)].into());
+        s.add_context_lengths([("c".to_string(), 2048)].into());
+        s.set_context_lengths(BTreeMap::new());
+        assert_eq!(s.context_length("a"), Some(8192));
+        assert_eq!(s.context_length("b:latest"), Some(4096));
+        assert_eq!(s.context_length("c"), Some(2048));
+        assert_eq!(s.context_length("d"), None);
+        // Entering a failed state wakes the waiters once; staying failed or recovering does not.
+        let mut rx = s.withdrawals();
+        s.set_health(Health::Healthy);
+        s.set_health(Health::Overloaded);
+        assert!(!rx.has_changed().unwrap());
+        s.set_health(Health::Down);
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        s.set_health(Health::Ejected);
+        assert!(!rx.has_changed().unwrap());
+        s.set_health(Health::Healthy);
+        s.set_health(Health::Starting);
+        assert!(rx.has_changed().unwrap());
     }
 
     #[test]

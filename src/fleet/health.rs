@@ -321,6 +321,7 @@ async fn probe_inner(backend: &Backend, discover: bool) -> ProbeOutcome {
         if let Some(n) = parse_tgi_limit(&body) {
             backend.state.set_learned_max_concurrent(n);
         }
+        backend.state.set_context_lengths(parse_tgi_context(&body));
     }
     if models_path == "/v1/models" {
         backend
@@ -392,6 +393,22 @@ struct TgiLimits {
     max_concurrent_requests: Option<u64>,
 }
 
+#[derive(Deserialize)]
+struct TgiContext {
+    model_id: String,
+    max_total_tokens: Option<u64>,
+}
+
+/// TGI's context window from its `/info`: `max_total_tokens` (prompt plus new tokens) for its
+/// `model_id`; empty when it reports none.
+pub fn parse_tgi_context(body: &[u8]) -> std::collections::BTreeMap<String, u64> {
+    serde_json::from_slice::<TgiContext>(body)
+        .ok()
+        .and_then(|i| Some((i.model_id, i.max_total_tokens.filter(|n| *n > 0)?)))
+        .into_iter()
+        .collect()
+}
+
 /// TGI's announced concurrency limit from its `/info`.
 pub fn parse_tgi_limit(body: &[u8]) -> Option<u64> {
     serde_json::from_slice::<TgiLimits>(body)
@@ -454,6 +471,13 @@ mod tests {
         assert!(parse_context_lengths(br#"{"data":[{"id":"x"}]}"#).is_empty());
         assert!(parse_context_lengths(tgi).is_empty());
         assert_eq!(parse_tgi_limit(tgi), Some(128));
+        // TGI's window: max_total_tokens of its model_id; nothing when absent, zero or garbled.
+        let info = br#"{"model_id":"m","max_input_tokens":4095,"max_total_tokens":4096}"#;
+        assert_eq!(parse_tgi_context(info).get("m"), Some(&4096));
+        assert!(parse_tgi_context(tgi).is_empty());
+        assert!(parse_tgi_context(br#"{"model_id":"m","max_total_tokens":0}"#).is_empty());
+        assert!(parse_tgi_context(br#"{"model_id":"m","max_total_tokens":-5}"#).is_empty());
+        assert!(parse_tgi_context(b"{").is_empty());
     }
 
     #[test]

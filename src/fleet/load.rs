@@ -241,10 +241,10 @@ mod tests {
     fn guard_releases_on_panic() {
         let s = Arc::new(BackendState::new());
         let s2 = s.clone();
-        let r = std::panic::catch_unwind(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let _g = LoadGuard::new(s2, 7);
             panic!("boom");
-        });
+        }));
         assert!(r.is_err());
         assert_eq!(s.inflight_requests(), 0);
         assert_eq!(s.inflight_tokens(), 0);
@@ -293,18 +293,18 @@ mod tests {
     fn pending_prefill_is_released_on_panic_before_and_after_the_first_token() {
         let s = Arc::new(BackendState::new());
         let s2 = s.clone();
-        let r = std::panic::catch_unwind(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let _g = LoadGuard::new(s2, Load::new(100, 80));
             panic!("before the first token");
-        });
+        }));
         assert!(r.is_err());
         assert_eq!(pending(&s), (0, 0));
         let s2 = s.clone();
-        let r = std::panic::catch_unwind(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let mut g = LoadGuard::new(s2, Load::new(100, 80));
             g.first_token();
             panic!("after the first token");
-        });
+        }));
         assert!(r.is_err());
         assert_eq!(pending(&s), (0, 0));
         assert_eq!(s.inflight_requests(), 0);

@@ -195,6 +195,27 @@ struct OllamaPsModel {
     name: String,
     #[serde(default)]
     model: String,
+    /// The loaded runner's context window (`num_ctx`); absent before Ollama 0.6.
+    #[serde(default)]
+    context_length: u64,
+}
+
+/// The context window of each loaded model of an Ollama `/api/ps` answer (what Ollama
+/// truncates prompts to; a model's `/api/show` `<arch>.context_length` is what it was trained
+/// for, which the runner does not use unless asked to).
+pub fn parse_ollama_context(body: &[u8]) -> std::collections::BTreeMap<String, u64> {
+    let Ok(ps) = serde_json::from_slice::<OllamaPs>(body) else {
+        return Default::default();
+    };
+    ps.models
+        .into_iter()
+        .filter(|m| m.context_length > 0)
+        .map(|m| {
+            let name = if m.name.is_empty() { m.model } else { m.name };
+            (name, m.context_length)
+        })
+        .filter(|(n, _)| !n.is_empty())
+        .collect()
 }
 
 /// The loaded models of an Ollama `/api/ps` answer.
@@ -283,6 +304,9 @@ pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u
             let Some(loaded) = parse_ollama_ps(&body) else {
                 return;
             };
+            backend
+                .state
+                .add_context_lengths(parse_ollama_context(&body));
             Signals {
                 loaded: Some(loaded),
                 ..Signals::default()
@@ -400,6 +424,17 @@ mod tests {
         assert_eq!(s.is_loaded("qwen"), Some(false));
         assert_eq!(Signals::default().is_loaded("x"), None);
         assert!(parse_ollama_ps(b"nope").is_none());
+        // The loaded runners' windows; a model without one (older Ollama) or garbage: none.
+        let ps = br#"{"models":[{"name":"a:latest","context_length":8192},{"name":"b","model":"b"},{"model":"c:7b","context_length":2048}]}"#;
+        let ctx = parse_ollama_context(ps);
+        assert_eq!(
+            ctx.into_iter().collect::<Vec<_>>(),
+            [("a:latest".to_string(), 8192), ("c:7b".to_string(), 2048)]
+        );
+        assert!(parse_ollama_context(b"[]").is_empty());
+        assert!(
+            parse_ollama_context(br#"{"models":[{"name":"a","context_length":"big"}]}"#).is_empty()
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{Backend, BackendState};
-use crate::config::{BackendConfig, Config, PolicyKind};
+use crate::config::{BackendConfig, BackendKind, Config, PolicyKind};
 use crate::upstream::BackendTls;
 
 /// The fleet of one config snapshot.
@@ -142,7 +142,13 @@ impl Fleet {
                     context_length: None,
                 });
                 entry.backends.push(b.name().to_string());
-                let reported = b.serves(&name).and_then(|m| b.state.context_length(&m));
+                // (what a model list reports: TGI's and Ollama's windows, learned for
+                // routing, are not `max_model_len`)
+                let listed = matches!(b.kind(), BackendKind::Vllm | BackendKind::OpenAi);
+                let reported = b
+                    .serves(&name)
+                    .filter(|_| listed)
+                    .and_then(|m| b.state.context_length(&m));
                 entry.context_length = match (entry.context_length, reported) {
                     (Some(a), Some(r)) => Some(a.min(r)),
                     (a, r) => a.or(r),

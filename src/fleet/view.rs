@@ -43,6 +43,9 @@ pub struct BackendView {
     pub busy_streak: u32,
     pub state_for_ms: u64,
     pub last_probe_ms_ago: Option<u64>,
+    /// Context window per model, by the backend's model name, as the engine reported it
+    /// (vLLM `max_model_len`, TGI `max_total_tokens`, Ollama's loaded `context_length`).
+    pub context_lengths: std::collections::BTreeMap<String, u64>,
     #[serde(skip)]
     pub health: Health,
     #[serde(skip)]
@@ -85,6 +88,7 @@ impl Backend {
             busy_streak: t.busy_streak,
             state_for_ms: now.saturating_sub(t.last_change_ms),
             last_probe_ms_ago: (t.last_probe_ms > 0).then(|| now.saturating_sub(t.last_probe_ms)),
+            context_lengths: (*s.context_lengths()).clone(),
             health,
             draining: s.is_draining(),
             pending_prefill_requests: s.pending_prefill_requests(),
@@ -118,7 +122,7 @@ mod tests {
     }
 
     /// The names `/admin/backends` has always shown for a backend's own fields.
-    const ADMIN_FIELDS: [&str; 24] = [
+    const ADMIN_FIELDS: [&str; 25] = [
         "name",
         "kind",
         "url",
@@ -143,6 +147,7 @@ mod tests {
         "busy_streak",
         "state_for_ms",
         "last_probe_ms_ago",
+        "context_lengths",
     ];
 
     #[test]
@@ -152,7 +157,10 @@ mod tests {
         b.state.count_request();
         b.state.set_engine_waiting(5);
         b.state.record_busy(None);
+        b.state
+            .set_context_lengths([("m".to_string(), 4096)].into());
         let v = serde_json::to_value(b.view(Duration::ZERO)).unwrap();
+        assert_eq!(v["context_lengths"], serde_json::json!({"m": 4096}));
         let obj = v.as_object().unwrap();
         let mut names: Vec<&str> = obj.keys().map(String::as_str).collect();
         let mut want = ADMIN_FIELDS.to_vec();

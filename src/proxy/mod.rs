@@ -4,10 +4,12 @@
 //! ```text
 //! handle ─► prepare: auth, body (capped), content type, fields, allow-list, resolve,
 //!           size (estimate, or a large prompt's exact count from a candidate's tokenizer),
-//!           admission
+//!           the candidates whose context window fits ([`context`]), admission
 //!        ─► attempt loop (proxy):
 //!             pick_or_wait (all candidates at their cap → the fair queue, bounded by
-//!             `queue.timeout`) → attempt: rewrite (model name, forced usage) → send
+//!             `queue.timeout`) → attempt: rewrite (model name, forced usage) → send, waiting
+//!             for the head beside the backend's failure and the hang deadline ([`rescue`]:
+//!             withdrawn when the backend fails; with `routing.hedge` a second copy)
 //!             → classify: retry elsewhere with the failure, or answer
 //!        ─► respond: a backend error normalised, a stream through [`observe::ObservedStream`],
 //!           or the whole answer read; settlement built once ([`settlement`])
@@ -30,9 +32,11 @@
 //!   client by its API.
 
 pub mod background;
+mod context;
 pub mod headers;
 pub mod observe;
 pub mod passthrough;
+mod rescue;
 pub mod sse;
 pub mod stored;
 pub mod translated;
@@ -47,7 +51,7 @@ use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
-use crate::api::translate::{self, Reply, Translation};
+use crate::api::translate::{Reply, Translation};
 use crate::api::{BodyForm, ClientApi, Edits, Pin};
 use crate::auth::Identity;
 use crate::config::{BackendKind, Config, PolicyKind};
@@ -62,7 +66,7 @@ use crate::routing::RouteInput;
 use crate::settle::{Outcome, Settle, SettleHook};
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
-use crate::upstream::{self as forward, retry_after, retryable_status, AttemptError};
+use crate::upstream::{retry_after, retryable_status, AttemptError};
 use observe::ObservedStream;
 
 /// Largest error body read from a backend to normalise it.
@@ -107,8 +111,9 @@ async fn proxy(
     let deadline = Instant::now() + config.routing.failover_deadline;
     let mut tried: Vec<usize> = Vec::new();
     let mut last_failure: Option<ApiError> = None;
-    for attempt_no in 0..config.routing.max_attempts {
-        if attempt_no > 0 && Instant::now() >= deadline {
+    // (a hedged attempt tries two backends)
+    while (tried.len() as u32) < config.routing.max_attempts {
+        if !tried.is_empty() && Instant::now() >= deadline {
             break;
         }
         let candidates = &p.resolved.candidates;
@@ -129,11 +134,10 @@ async fn proxy(
             }
         };
         tried.push(claimed.idx);
-        let retries_left = attempt_no + 1 < config.routing.max_attempts;
-        match attempt(config, p, &claimed, attempt_no, retries_left, record).await {
+        match attempt(gw, config, p, claimed, &mut tried, deadline, record).await {
             Verdict::Retry(failure) => last_failure = Some(failure),
             Verdict::Answer(answer) => {
-                return Ok(respond(config, &mut prepared, claimed, answer, record).await)
+                return Ok(respond(config, &mut prepared, answer, record).await)
             }
         }
     }
@@ -203,12 +207,13 @@ async fn prepare(
         pin.as_ref(),
         translation.as_ref(),
     )?;
-    let resolved = keep_state(rt, api, &body, &fields, pin.as_ref(), resolved)?;
+    let mut resolved = keep_state(rt, api, &body, &fields, pin.as_ref(), resolved)?;
     let translation = translation.and_then(Result::ok);
     record.model = resolved.canonical.clone();
     let policy = resolved.policy.unwrap_or(config.routing.policy);
     let shapes = gw.router.shapes.clone();
     let input = size(config, api, &shapes, &resolved, &fields, &body).await;
+    context::fit(&mut resolved, fields.max_tokens, input)?;
     let permit = gw
         .limits
         .admit(&identity, &resolved.canonical, input.tokens)
@@ -471,6 +476,8 @@ enum Verdict {
 /// A backend's answer that goes to the client, with what the response phase needs of its send.
 struct Answer {
     resp: http::Response<Incoming>,
+    /// The backend that answered, with its slot.
+    claimed: Claimed,
     /// Since the request arrived, when it was sent to this backend.
     sent_after: Duration,
     /// A non-streamed answer (or an error body) must be complete by then.
@@ -481,66 +488,77 @@ struct Answer {
     reply: Option<std::sync::Arc<dyn Reply>>,
 }
 
-/// One attempt on the claimed backend: rewrite the body for it, send, classify.
+/// One attempt on the claimed backend (already in `tried`), and with hedging a copy on a
+/// second one: send, wait for a head — withdrawn when the backend fails, hedged at the hang
+/// deadline — and classify. The first copy whose head is an answer wins; the other is dropped.
 async fn attempt(
+    gw: &Gateway,
     config: &Config,
     p: &Prepared,
-    claimed: &Claimed,
-    attempt_no: u32,
-    retries_left: bool,
+    claimed: Claimed,
+    tried: &mut Vec<usize>,
+    deadline: Instant,
     record: &mut AccessRecord,
 ) -> Verdict {
-    let (backend, backend_model) = &p.resolved.candidates[claimed.idx];
+    let attempt_no = tried.len().saturating_sub(1) as u32;
     if attempt_no > 0 {
         metrics::counter!(m::FAILOVERS_TOTAL, "model" => p.resolved.canonical.clone()).increment(1);
     }
-    record.attempts = attempt_no + 1;
-    record.backend = Some(backend.name().to_string());
-    let translated = p
-        .translation
-        .as_ref()
-        .filter(|_| !p.api.native(backend.kind()));
-    let (upstream_body, strip_usage) = match translated {
-        Some(t) => (t.body(backend_model), false),
-        None => rewrite(p, backend_model),
-    };
-    let path = match translated {
-        Some(_) => translate::CHAT_PATH,
-        None => p.api.path(),
-    };
-    let mut headers = headers::upstream_headers(
-        &p.client_headers,
-        &record.request_id,
-        backend.config.api_key.as_deref(),
-    );
-    if p.api.body_form() == BodyForm::Multipart {
-        // The boundary is in the content type: the body is only readable with it.
-        if let Some(ct) = p.client_headers.get(header::CONTENT_TYPE) {
-            headers.insert(header::CONTENT_TYPE, ct.clone());
+    let mut copies = vec![rescue::Copy::launch(config, p, claimed, record, true)];
+    let mut last = None;
+    while !copies.is_empty() {
+        let (i, waited) = rescue::await_any(config, p, &mut copies).await;
+        match waited {
+            rescue::Waited::Head(sent) => {
+                let copy = copies.swap_remove(i);
+                let backend = &p.resolved.candidates[copy.claimed.idx].0;
+                let retries_left =
+                    !copies.is_empty() || (tried.len() as u32) < config.routing.max_attempts;
+                record.attempts = tried.len() as u32;
+                record.backend = Some(backend.name().to_string());
+                let deadline = copy.body_deadline;
+                match classify(config, backend, sent, retries_left, deadline, record).await {
+                    Ok(resp) => {
+                        rescue::cancel(p, &copies);
+                        return Verdict::Answer(copy.answer(resp));
+                    }
+                    Err(failure) => last = Some(failure),
+                }
+            }
+            rescue::Waited::Withdrawn(health) => {
+                let copy = copies.swap_remove(i);
+                let backend = &p.resolved.candidates[copy.claimed.idx].0;
+                last = Some(rescue::withdrawn(backend, health, &record.request_id));
+            }
+            rescue::Waited::Hung => {
+                if let Some(c) = hedge(gw, config, p, tried, copies.len(), deadline) {
+                    tried.push(c.idx);
+                    copies.push(rescue::Copy::launch(config, p, c, record, false));
+                }
+            }
         }
     }
-    let timeouts = backend.config.timeouts;
-    let head_timeout = if p.streaming {
-        timeouts.first_byte
-    } else {
-        timeouts.response
-    };
-    let sent_after = record.started.elapsed();
-    // A non-streamed answer (or an error body) must be complete within `timeouts.response`
-    // of the send, so a backend trickling bytes just faster than `idle` cannot hold it.
-    let body_deadline = tokio::time::Instant::now() + timeouts.response;
-    backend.state.count_request();
-    let sent = forward::send(backend, path, headers, upstream_body, head_timeout).await;
-    match classify(config, backend, sent, retries_left, body_deadline, record).await {
-        Err(failure) => Verdict::Retry(failure),
-        Ok(resp) => Verdict::Answer(Answer {
-            resp,
-            sent_after,
-            body_deadline,
-            strip_usage,
-            reply: translated.map(|t| t.reply.clone()),
-        }),
+    Verdict::Retry(last.unwrap_or_else(|| ApiError::internal("no attempt was made")))
+}
+
+/// The second copy of a request at its hang deadline, with `routing.hedge`: the next-best
+/// untried backend with a free slot, while attempts and the failover deadline allow.
+fn hedge(
+    gw: &Gateway,
+    config: &Config,
+    p: &Prepared,
+    tried: &[usize],
+    copies: usize,
+    deadline: Instant,
+) -> Option<Claimed> {
+    let r = &config.routing;
+    if !r.hedge || copies > 1 || tried.len() as u32 >= r.max_attempts || Instant::now() >= deadline
+    {
+        return None;
     }
+    let claimed = pick_and_claim(gw, config, p.policy, &p.resolved.candidates, tried, p.input)?;
+    metrics::counter!(m::HEDGES_TOTAL, "model" => p.resolved.canonical.clone()).increment(1);
+    Some(claimed)
 }
 
 /// The body for one backend: the client's bytes with the backend's model name and, for a
@@ -649,11 +667,11 @@ async fn classify<B: UpstreamBody>(
 async fn respond(
     config: &Config,
     p: &mut Prepared,
-    claimed: Claimed,
     answer: Answer,
     record: &mut AccessRecord,
 ) -> Response {
     let permit = p.permit.take();
+    let claimed = answer.claimed;
     let (backend, backend_model) = &p.resolved.candidates[claimed.idx];
     let status = answer.resp.status();
     record.status = status.as_u16();

@@ -184,6 +184,37 @@ impl Router {
     }
 }
 
+/// Seconds the request is expected to wait for `candidates[idx]`'s response head: its time
+/// to first token for a stream, the whole request otherwise (the score's breakdown, with
+/// the candidates' learned speeds as the prior).
+pub fn expected_head_seconds<T: AsRef<str>>(
+    candidates: &[(Arc<Backend>, T)],
+    idx: usize,
+    input: RouteInput,
+    streaming: bool,
+) -> f64 {
+    let Some((backend, model)) = candidates.get(idx) else {
+        return 0.0;
+    };
+    let all: Vec<&Backend> = candidates.iter().map(|(b, _)| b.as_ref()).collect();
+    let b = score::breakdown(
+        backend,
+        model.as_ref(),
+        input.score_request(),
+        score::Prior::of(&all),
+    );
+    let secs = if streaming {
+        b.ttft_seconds
+    } else {
+        b.expected_seconds
+    };
+    if secs.is_finite() {
+        secs.max(0.0)
+    } else {
+        f64::MAX
+    }
+}
+
 /// The backend expected to finish this request soonest: all of them scored up to `p2c_above`,
 /// two random ones above.
 fn token_aware(

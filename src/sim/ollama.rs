@@ -11,6 +11,12 @@
 //!   for an unloaded model pays the load time (one request loads, concurrent ones wait for it)
 //!   and reports it as `load_duration`; `/api/ps` lists exactly the loaded models.
 //! - `max_completion_tokens` is ignored on `/v1/*`, as Ollama does.
+//! - A prompt as long as the context window (`num_ctx`, `/api/ps` `context_length`) or longer
+//!   is not refused: it is truncated as Ollama's runner does with context shift on (its
+//!   default), keeping `num_keep` tokens (default 4; -1: all that fit) and the end, so only
+//!   `num_ctx - (num_ctx - num_keep) / 2` tokens are prefilled and reported as
+//!   `prompt_eval_count`. (Real Ollama first drops whole old chat messages to fit; the
+//!   simulator cuts the rendered prompt only.)
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -183,6 +189,8 @@ fn details() -> &'static str {
 }
 
 const SIZE: u64 = 2_019_393_189;
+/// Ollama's default `num_keep`.
+const NUM_KEEP: u32 = 4;
 
 fn tags(sim: &Sim) -> Response<SimBody> {
     let modified =
@@ -362,6 +370,10 @@ fn go_json_error(body: &[u8], e: &serde_json::Error) -> String {
 struct Options {
     #[serde(default)]
     num_predict: Option<i64>,
+    /// Prompt tokens kept from the start when a prompt is truncated to the context (-1: all
+    /// that fit).
+    #[serde(default)]
+    num_keep: Option<i64>,
     #[serde(default)]
     seed: Option<i64>,
 }
@@ -479,7 +491,11 @@ async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         _ => None,
     };
     let seed = opts.seed.map(|s| s as u64).unwrap_or(sim.config.seed);
-    let plan = sim.plan(seed, &sim.models[idx].name, &prompt, max);
+    let mut plan = sim.plan(seed, &sim.models[idx].name, &prompt, max);
+    let keep = opts
+        .num_keep
+        .map_or(NUM_KEEP, |k| u32::try_from(k).unwrap_or(u32::MAX));
+    plan.fit_context(sim.config.max_model_len, keep);
     let load = ensure_loaded(sim, idx).await;
     let load_ns = load.as_nanos() as u64;
     let Ok(mut gen) = Gen::start(sim, idx, plan, Some(sim.config.max_queue)) else {
@@ -692,7 +708,8 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
     }
     let max = max_tokens.filter(|m| *m > 0).map(|m| m as u32);
     let seed = seed.map(|s| s as u64).unwrap_or(sim.config.seed);
-    let plan = sim.plan(seed, &sim.models[idx].name, &prompt, max);
+    let mut plan = sim.plan(seed, &sim.models[idx].name, &prompt, max);
+    plan.fit_context(sim.config.max_model_len, NUM_KEEP);
     ensure_loaded(sim, idx).await;
     let ctx = Ctx::new(Surface::Ollama, chat, &name);
     let opts = RespondOpts {

@@ -100,6 +100,9 @@ pub(crate) struct ChatRequest {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub seed: Option<i64>,
+    /// vLLM's sampling parameter: generate exactly `max_tokens`, whatever the end of text.
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
 }
 
 impl ChatRequest {
@@ -155,6 +158,9 @@ pub(crate) struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub seed: Option<i64>,
+    /// vLLM's sampling parameter: generate exactly `max_tokens`, whatever the end of text.
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
 }
 
 /// Embedding input.

@@ -170,6 +170,22 @@ impl Sim {
         )
     }
 
+    /// A plan of exactly `len` tokens ending by length, as an engine that ignores the end of
+    /// text generates it.
+    pub(crate) fn plan_to_length(&self, seed: u64, model: &str, prompt: &str, len: u32) -> Plan {
+        // A natural length beyond the cap: the cap ends the answer.
+        let beyond = len.saturating_add(1);
+        Plan::new(
+            seed,
+            model,
+            prompt,
+            Some(len),
+            beyond,
+            beyond,
+            self.needs_prompt_ids(),
+        )
+    }
+
     /// The embedding of each text (`dimensions` long, else the configured size) and the tokens
     /// they count together.
     pub(crate) fn embed(

@@ -275,6 +275,24 @@ impl Plan {
         }
     }
 
+    /// Fit the prompt into a context window of `num_ctx` the way Ollama does (context shift on,
+    /// its default): a prompt of `num_ctx` tokens or more keeps its first `num_keep` tokens and
+    /// its end, dropping about half of the rest of the window, so the model reads — and
+    /// spends prefill time on — only what fits.
+    pub(crate) fn fit_context(&mut self, num_ctx: u32, num_keep: u32) {
+        if num_ctx <= 1 || self.prompt_len < num_ctx {
+            return;
+        }
+        let keep = num_keep.min(num_ctx - 1);
+        let limit = num_ctx - ((num_ctx - keep) / 2).max(1);
+        let dropped = self.prompt_len - limit;
+        if self.prompt_ids.len() == self.prompt_len as usize {
+            let (keep, dropped) = (keep as usize, dropped as usize);
+            self.prompt_ids.drain(keep..keep + dropped);
+        }
+        self.prompt_len = limit;
+    }
+
     pub(crate) fn prompt_tokens(&self) -> u32 {
         self.prompt_len
     }

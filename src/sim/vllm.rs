@@ -4,7 +4,10 @@
 //! Invariants: every configured model name is a served alias of one engine (as
 //! `--served-model-name a b` does): requests may use any alias or omit `model`; responses and
 //! the metrics label use the first name. Bodies and SSE framing match the captures of a real
-//! vLLM 0.32 server byte for byte (except ids, timestamps and the text).
+//! vLLM 0.32 server byte for byte (except ids, timestamps and the text). A prompt plus
+//! `max_tokens` beyond `max_model_len` is vLLM's 400 before any work; `ignore_eos: true` on
+//! chat and completions generates exactly `max_tokens` (or what the context leaves) and ends by
+//! `length`, as the end of text no longer stops it.
 
 // Validation helpers return the engine's ready-made error answer as their `Err`; it is built
 // only on the failure path, so its size does not matter.
@@ -422,7 +425,26 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         Ok(c) => c,
         Err(resp) => return resp,
     };
+    let cap = Cap::new(cap, r.ignore_eos);
     answer(sim, true, seed(sim, r.seed), &prompt, cap, stream, usage).await
+}
+
+/// How long an answer may be: `max_tokens` (or what the context leaves), and whether it must
+/// be exactly that long (`ignore_eos`: the end of text does not stop generation, so the answer
+/// ends by length).
+#[derive(Clone, Copy)]
+struct Cap {
+    max: u32,
+    ignore_eos: bool,
+}
+
+impl Cap {
+    fn new(max: u32, ignore_eos: Option<bool>) -> Cap {
+        Cap {
+            max,
+            ignore_eos: ignore_eos.unwrap_or(false),
+        }
+    }
 }
 
 /// A chat (`chat`) or completions request, checked: the injected fault if one is due, else the
@@ -432,7 +454,7 @@ async fn answer(
     chat: bool,
     seed: u64,
     prompt: &str,
-    cap: u32,
+    cap: Cap,
     stream: bool,
     usage: bool,
 ) -> Response<SimBody> {
@@ -440,7 +462,11 @@ async fn answer(
         return resp;
     }
     let model = &sim.config.models[0];
-    let plan = sim.plan(seed, model, prompt, Some(cap));
+    let plan = if cap.ignore_eos {
+        sim.plan_to_length(seed, model, prompt, cap.max)
+    } else {
+        sim.plan(seed, model, prompt, Some(cap.max))
+    };
     let ctx =
         Ctx::new(Surface::Vllm, chat, model).with_prompt_details(sim.config.prompt_tokens_details);
     let opts = RespondOpts {
@@ -515,6 +541,7 @@ async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody
         Ok(c) => c,
         Err(resp) => return resp,
     };
+    let cap = Cap::new(cap, r.ignore_eos);
     answer(sim, false, seed(sim, r.seed), &prompt, cap, stream, usage).await
 }
 

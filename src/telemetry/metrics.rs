@@ -31,6 +31,15 @@ pub const BACKEND_PENDING_PREFILL_TOKENS: &str = "sluice_backend_pending_prefill
 pub const BACKEND_STATE: &str = "sluice_backend_state";
 pub const FAILOVERS_TOTAL: &str = "sluice_failovers_total";
 pub const STREAM_INTERRUPTIONS_TOTAL: &str = "sluice_stream_interruptions_total";
+/// Requests withdrawn from a `backend` that failed while they waited for its answer, and sent
+/// elsewhere.
+pub const RESCUES_TOTAL: &str = "sluice_rescues_total";
+/// Waits for a `backend`'s response head far beyond its expected time while other backends
+/// answered (each a live failure of that backend).
+pub const HANG_SIGNALS_TOTAL: &str = "sluice_hang_signals_total";
+/// Copies of a request sent to a second backend at its hang deadline (`[routing] hedge`), by
+/// `model`.
+pub const HEDGES_TOTAL: &str = "sluice_hedges_total";
 pub const PANICS_TOTAL: &str = "sluice_panics_total";
 /// Active health probes by `backend` and `result` (ok|busy|refused|unhealthy).
 pub const PROBES_TOTAL: &str = "sluice_backend_probes_total";

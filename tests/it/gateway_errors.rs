@@ -198,10 +198,11 @@ async fn backend_timeout_is_504() {
 
 #[tokio::test]
 async fn backend_errors_pass_through_normalised() {
-    // vLLM's own 400 (max_tokens beyond the context) keeps its status and message; the integer
-    // code becomes a string so OpenAI SDKs parse it.
+    // vLLM's own 400 (max_tokens below 1) keeps its status and message; the integer code
+    // becomes a string so OpenAI SDKs parse it. (A max_tokens beyond the context is refused
+    // by the gateway itself once it knows the window, in the same words: tests/it/zero_context.rs.)
     let (g, _s) = vllm_gateway("").await;
-    let resp = g.chat(&chat_body("m", false, 5_000_000)).await;
+    let resp = g.chat(&chat_body("m", false, 0)).await;
     let v = expect_error(resp, 400, Some("400")).await;
     assert!(
         v["error"]["message"]

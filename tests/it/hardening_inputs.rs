@@ -341,8 +341,9 @@ async fn huge_negative_and_non_integer_numbers_are_400() {
 
 #[tokio::test]
 async fn absurd_max_tokens_is_400_at_the_gateway_or_the_backend() {
-    // Up to the built-in cap (16 Mi) the backend decides against the model's context, as vLLM
-    // does; above the cap the gateway answers itself and nothing is forwarded.
+    // Up to the built-in cap (16 Mi) the answer is vLLM's against the model's context (the
+    // gateway gives it itself once it learned the window); above the cap the gateway answers
+    // itself and nothing is forwarded.
     // The backend's request count must move only with forwarded requests: one probe at start
     // and no signals scraping, so no probe lands between the two readings however slow the
     // machine is.

@@ -54,3 +54,5 @@ mod sim_vllm;
 mod sim_vllm_surface;
 mod tenants_limits;
 mod tenants_secrets;
+mod zero_context;
+mod zero_rescue;

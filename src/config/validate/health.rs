@@ -52,6 +52,13 @@ pub(super) fn health(p: &mut Problems, h: &HealthSection) -> HealthConfig {
             &h.signals_interval,
             interval,
         ),
+        hang_factor: hang_factor(p, h.hang_factor),
+        hang_grace: zero_ok_duration(
+            p,
+            "health.hang_grace",
+            &h.hang_grace,
+            Duration::from_secs(5),
+        ),
     };
     // An ejection lasts base_ejection doubled per repeat, capped at max_ejection: a base above
     // the cap would be cut to it without a word.
@@ -65,4 +72,21 @@ pub(super) fn health(p: &mut Problems, h: &HealthSection) -> HealthConfig {
         );
     }
     health
+}
+
+/// Most a hang deadline may multiply the expected time by.
+const MAX_HANG_FACTOR: f64 = 1000.0;
+
+fn hang_factor(p: &mut Problems, v: Option<f64>) -> f64 {
+    match v {
+        None => 4.0,
+        Some(f) if f == 0.0 || (1.0..=MAX_HANG_FACTOR).contains(&f) => f,
+        Some(f) => {
+            p.push(
+                "health.hang_factor",
+                format!("must be 0 (off) or between 1 and {MAX_HANG_FACTOR}, got {f}"),
+            );
+            4.0
+        }
+    }
 }
