@@ -23,6 +23,9 @@ pub struct Outcome {
     /// Since the request arrived: until the first token (streams), until the end.
     pub ttft: Option<Duration>,
     pub elapsed: Duration,
+    /// The answer was finished by another backend than the one it started on (a broken
+    /// stream continued): its timings and usage are not the first backend's.
+    pub continued: bool,
 }
 
 /// Work to do when a request is over.
@@ -40,6 +43,8 @@ pub struct Settle {
     pub prompt_estimate: u64,
     /// Text-bearing events streamed to the client (≈ tokens).
     pub streamed_tokens: u64,
+    /// A broken stream was continued on another backend.
+    pub continued: bool,
     done: bool,
 }
 
@@ -53,6 +58,7 @@ impl Settle {
             complete: false,
             prompt_estimate: 0,
             streamed_tokens: 0,
+            continued: false,
             done: false,
         }
     }
@@ -83,6 +89,7 @@ impl Settle {
             complete: self.complete,
             ttft: self.record.ttft,
             elapsed: self.record.started.elapsed(),
+            continued: self.continued,
         };
         for hook in self.hooks.drain(..) {
             hook(&outcome);

@@ -50,6 +50,7 @@ pub mod audio;
 pub mod chat;
 pub mod chat_batch;
 pub mod completions;
+pub mod continuation;
 pub mod embeddings;
 pub mod engine;
 pub mod messages;
@@ -188,6 +189,12 @@ pub trait ClientApi: Send + Sync {
     /// `tenant`; `Err` (the API's not-found answer) when the id is not one this tenant may use.
     fn locate(&self, id: &str, _tenant: &str) -> Result<Pin, ApiError> {
         Err(ApiError::not_found_path(id))
+    }
+
+    /// How a broken stream of this API is continued on another backend
+    /// ([`continuation`]); `None` when it cannot be (the client gets the terminal error).
+    fn continuation(&self) -> Option<&'static dyn continuation::Continuation> {
+        None
     }
 
     /// How this API's request bodies are encoded: JSON (checked as such, parsed by

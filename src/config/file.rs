@@ -207,6 +207,9 @@ pub struct RoutingSection {
     pub tokenize_above: Option<u64>,
     /// Longest wait for that count before the estimate is used instead (default "250ms").
     pub tokenize_timeout: Option<String>,
+    /// Continue a stream that breaks after output reached the client on another backend
+    /// (default true).
+    pub continue_streams: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

@@ -218,6 +218,9 @@ pub struct RoutingConfig {
     /// tokens or more (`crate::fleet::tokenize`); 0: never.
     pub tokenize_above: u64,
     pub tokenize_timeout: Duration,
+    /// Continue a stream broken after output reached the client on another backend
+    /// (`proxy::resume`).
+    pub continue_streams: bool,
 }
 
 #[derive(Debug, Clone)]

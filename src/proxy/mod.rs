@@ -31,6 +31,7 @@
 
 pub mod headers;
 pub mod observe;
+pub mod resume;
 pub mod sse;
 pub mod stored;
 
@@ -91,7 +92,7 @@ pub async fn handle(gw: Arc<Gateway>, api: &'static dyn ClientApi, req: Request<
 /// The phases in order: prepare, then attempts on one backend after another until one is
 /// answered; when none is, the last failure (`Err`: `handle` finishes the record).
 async fn proxy(
-    gw: &Gateway,
+    gw: &Arc<Gateway>,
     rt: &Runtime,
     api: &'static dyn ClientApi,
     req: Request<Body>,
@@ -131,7 +132,8 @@ async fn proxy(
         match attempt(config, p, &claimed, attempt_no, retries_left, record).await {
             Verdict::Retry(failure) => last_failure = Some(failure),
             Verdict::Answer(answer) => {
-                return Ok(respond(config, &mut prepared, claimed, answer, record).await)
+                let resume = continuer(gw, config, p, &tried, answer.strip_usage, record);
+                return Ok(respond(config, &mut prepared, claimed, answer, record, resume).await);
             }
         }
     }
@@ -522,6 +524,37 @@ async fn classify<B: UpstreamBody>(
     ))
 }
 
+/// What continues this request's stream on another backend if it breaks after it was
+/// committed (`routing.continue_streams`; [`resume`]); `None` for an answer that is not
+/// streamed, an API that cannot be continued, or a request pinned to one backend.
+fn continuer(
+    gw: &Arc<Gateway>,
+    config: &Config,
+    p: &Prepared,
+    tried: &[usize],
+    strip_usage: bool,
+    record: &AccessRecord,
+) -> Option<resume::Continuer> {
+    if !config.routing.continue_streams || !p.streaming || p.pin.is_some() {
+        return None;
+    }
+    p.api.continuation()?;
+    Some(resume::Continuer {
+        gw: gw.clone(),
+        api: p.api,
+        body: p.body.clone(),
+        fields: p.fields.clone(),
+        candidates: p.resolved.candidates.clone(),
+        policy: p.policy,
+        input: p.input,
+        tenant: p.identity.tenant.clone(),
+        client_headers: p.client_headers.clone(),
+        request_id: record.request_id.clone(),
+        tried: tried.to_vec(),
+        strip_usage,
+    })
+}
+
 /// Answer the client from the backend that answered: its error normalised, its stream through
 /// the observer, or its whole answer read. From here on nothing is retried.
 async fn respond(
@@ -530,6 +563,7 @@ async fn respond(
     claimed: Claimed,
     answer: Answer,
     record: &mut AccessRecord,
+    resume: Option<resume::Continuer>,
 ) -> Response {
     let permit = p.permit.take();
     let (backend, backend_model) = &p.resolved.candidates[claimed.idx];
@@ -568,7 +602,8 @@ async fn respond(
     let settle = settlement(p, permit, backend, claimed, answer.sent_after, record);
     let answer_parts = (status, out_headers, upstream, edits, settle);
     if p.streaming && is_sse(&parts.headers) {
-        return stream_answer(config, p.api, backend, answer_parts);
+        let resume = resume.and_then(resume::Continuer::into_resume);
+        return stream_answer(config, p.api, backend, answer_parts, resume);
     }
     whole_answer(config, p.api, backend, answer_parts, answer.body_deadline).await
 }
@@ -644,10 +679,12 @@ fn stream_answer(
     api: &'static dyn ClientApi,
     backend: &Arc<Backend>,
     (status, headers, upstream, edits, settle): AnswerParts,
+    resume: Option<resume::Resume<Incoming>>,
 ) -> Response {
     let idle = backend.config.timeouts.idle;
     let health = config.health.clone();
-    let body = ObservedStream::new(api, upstream, edits, idle, backend.clone(), health, settle);
+    let body = ObservedStream::new(api, upstream, edits, idle, backend.clone(), health, settle)
+        .resuming(resume);
     let mut response = Response::new(Body::new(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;

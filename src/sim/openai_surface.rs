@@ -15,7 +15,7 @@
 
 use serde::Deserialize;
 
-use super::text::Finish;
+use super::text::{Finish, Render};
 
 /// JSON string literal of `s`.
 pub(crate) fn js(s: &str) -> String {
@@ -92,16 +92,31 @@ pub(crate) struct ChatRequest {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub seed: Option<i64>,
+    /// vLLM, TGI: leave the last message open so the model continues it.
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
+    /// vLLM: append the assistant header (default true).
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
 }
 
 impl ChatRequest {
-    /// The prompt as rendered by the simulator's chat template.
-    pub(crate) fn prompt(&self) -> String {
+    /// The prompt in one of the template's forms.
+    pub(crate) fn render(&self, form: Render) -> String {
         let msgs = self.messages.as_deref().unwrap_or(&[]);
-        super::text::render_chat(
+        super::text::render_chat_with(
             msgs.iter()
                 .map(|m| (m.role.as_deref().unwrap_or("user"), m.text())),
+            form,
         )
+    }
+
+    /// Whether the last message is the assistant's (Ollama continues such a message).
+    pub(crate) fn ends_with_assistant(&self) -> bool {
+        self.messages
+            .as_deref()
+            .and_then(<[Message]>::last)
+            .is_some_and(|m| m.role.as_deref() == Some("assistant"))
     }
 }
 

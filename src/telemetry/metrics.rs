@@ -31,6 +31,9 @@ pub const BACKEND_PENDING_PREFILL_TOKENS: &str = "sluice_backend_pending_prefill
 pub const BACKEND_STATE: &str = "sluice_backend_state";
 pub const FAILOVERS_TOTAL: &str = "sluice_failovers_total";
 pub const STREAM_INTERRUPTIONS_TOTAL: &str = "sluice_stream_interruptions_total";
+/// Broken streams whose continuation on another backend was tried, by the `backend` whose
+/// stream broke and `outcome` (continued|failed).
+pub const STREAM_CONTINUATIONS_TOTAL: &str = "sluice_stream_continuations_total";
 pub const PANICS_TOTAL: &str = "sluice_panics_total";
 /// Active health probes by `backend` and `result` (ok|busy|refused|unhealthy).
 pub const PROBES_TOTAL: &str = "sluice_backend_probes_total";

@@ -44,5 +44,6 @@ pub(super) fn routing(p: &mut Problems, r: &RoutingSection) -> RoutingConfig {
             &r.tokenize_timeout,
             Duration::from_millis(250),
         ),
+        continue_streams: r.continue_streams.unwrap_or(true),
     }
 }
