@@ -9,9 +9,13 @@
 //! - An event whose data is not JSON (nor `[DONE]`) ends the stream with the terminal error
 //!   below, before that event reaches the client: SDKs would fail on it with a parse error.
 //! - Once a stream has started it is never retried; if the backend fails mid-way (reset, idle
-//!   timeout, oversized event, early end) the client gets the request's API's terminal error
-//!   event ([`ClientApi::stream_error_event`]; for OpenAI's APIs an error object, then
-//!   `data: [DONE]`), so SDKs raise instead of returning a silently truncated answer.
+//!   timeout, oversized or invalid event, early end, an engine error event while a
+//!   continuation is possible) the answer is continued on another backend when the request
+//!   can be ([`super::resume`]: at most once; the events that went out are recorded for it,
+//!   the continuation's rewritten to read as the same answer). Otherwise the client gets the
+//!   request's API's terminal error event ([`ClientApi::stream_error_event`]; for OpenAI's
+//!   APIs an error object, then `data: [DONE]`), so SDKs raise instead of returning a
+//!   silently truncated answer.
 //! - What an event means (usage, output, an error, the end) and how it is edited is the
 //!   request's [`ClientApi`]'s answer; this module knows no API by name.
 //! - [`Settle`] runs exactly once, on completion or on drop (client gone), releasing the load
