@@ -269,12 +269,12 @@ fn rewrite_chunk(data: &[u8], t: &Transcript, usage: Option<Usage>, drop_role: b
                     })
             })
     });
-    if drop_role && announces_role_only {
+    if drop_role && announces_role_only && t.id.is_some() {
         return Rewritten::Drop;
     }
     let at = |raw: &RawValue| (raw.get().as_ptr() as usize).checked_sub(data.as_ptr() as usize);
     let mut splices = Vec::new();
-    let mut put = |raw: Option<&RawValue>, with: Option<Vec<u8>>| {
+    let mut put = |splices: &mut Vec<Splice>, raw: Option<&RawValue>, with: Option<Vec<u8>>| {
         if let (Some(raw), Some(with)) = (raw, with) {
             if let Some(start) = at(raw) {
                 splices.push(Splice {
@@ -284,9 +284,33 @@ fn rewrite_chunk(data: &[u8], t: &Transcript, usage: Option<Usage>, drop_role: b
             }
         }
     };
-    put(chunk.id, t.id.clone().map(String::into_bytes));
-    put(chunk.created, t.created.clone().map(String::into_bytes));
-    put(chunk.model, t.model.clone().map(String::into_bytes));
+    // The role was announced once, at the start of the answer: not again on its deltas.
+    if drop_role && t.id.is_some() {
+        for d in chunk
+            .choices
+            .iter()
+            .flatten()
+            .filter_map(|c| c.delta.as_ref())
+        {
+            if let Some(span) = d.role.and_then(|r| member_span(data, r)) {
+                splices.push(Splice {
+                    span,
+                    with: Vec::new(),
+                });
+            }
+        }
+    }
+    put(&mut splices, chunk.id, t.id.clone().map(String::into_bytes));
+    put(
+        &mut splices,
+        chunk.created,
+        t.created.clone().map(String::into_bytes),
+    );
+    put(
+        &mut splices,
+        chunk.model,
+        t.model.clone().map(String::into_bytes),
+    );
     let usage_json = usage.map(|u| {
         format!(
             "{{\"prompt_tokens\":{},\"total_tokens\":{},\"completion_tokens\":{}}}",
@@ -296,8 +320,40 @@ fn rewrite_chunk(data: &[u8], t: &Transcript, usage: Option<Usage>, drop_role: b
         )
         .into_bytes()
     });
-    put(chunk.usage.filter(|u| u.get() != "null"), usage_json);
+    put(
+        &mut splices,
+        chunk.usage.filter(|u| u.get() != "null"),
+        usage_json,
+    );
     Rewritten::Send(edit::apply(&Bytes::copy_from_slice(data), splices))
+}
+
+/// The bytes of the object member whose value is `value` (its key, the colon, the value, and
+/// the comma that separates it from a neighbour), so that removing them leaves valid JSON.
+fn member_span(data: &[u8], value: &RawValue) -> Option<std::ops::Range<usize>> {
+    let start = (value.get().as_ptr() as usize).checked_sub(data.as_ptr() as usize)?;
+    let end = start + value.get().len();
+    let ws = |b: &u8| b.is_ascii_whitespace();
+    // back over `:` and the key's closing quote to its opening quote
+    let mut i = start;
+    while i > 0 && (ws(&data[i - 1]) || data[i - 1] == b':') {
+        i -= 1;
+    }
+    let close = i.checked_sub(1).filter(|c| data[*c] == b'"')?;
+    let open = data[..close].iter().rposition(|b| *b == b'"')?;
+    let mut after = end;
+    while after < data.len() && ws(&data[after]) {
+        after += 1;
+    }
+    if data.get(after) == Some(&b',') {
+        return Some(open..after + 1);
+    }
+    // the last member: take the comma before it
+    let mut before = open;
+    while before > 0 && ws(&data[before - 1]) {
+        before -= 1;
+    }
+    (before > 0 && data[before - 1] == b',').then(|| before - 1..end)
 }
 
 impl Continuation for ChatContinuation {
@@ -538,6 +594,23 @@ mod tests {
         assert_eq!(
             &out[..],
             br#"{"id":"chatcmpl-1","created":7,"model":"m","choices":[{"index":0,"delta":{"content":" sea"}}]}"#
+        );
+        // TGI and Ollama name the role on every delta: not again after the first.
+        let tgi = br#"{"id":"","created":9,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":" sea"},"finish_reason":null}]}"#;
+        let Rewritten::Send(out) = CHAT_CONTINUATION.rewrite(tgi, &t, None) else {
+            panic!("dropped")
+        };
+        assert_eq!(
+            &out[..],
+            br#"{"id":"chatcmpl-1","created":7,"model":"m","choices":[{"index":0,"delta":{"content":" sea"},"finish_reason":null}]}"#
+        );
+        let last = br#"{"choices":[{"delta":{"content":"","role" : "assistant" },"finish_reason":"stop"}]}"#;
+        let Rewritten::Send(out) = CHAT_CONTINUATION.rewrite(last, &t, None) else {
+            panic!("dropped")
+        };
+        assert_eq!(
+            &out[..],
+            br#"{"choices":[{"delta":{"content":"" },"finish_reason":"stop"}]}"#
         );
         let usage = br#"{"id":"chatcmpl-2","created":9,"model":"m","choices":[],"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3}}"#;
         let joined = joined_usage(

@@ -201,6 +201,74 @@ async fn a_chat_stream_cut_after_tokens_continues_unbroken_on_another_backend() 
     g.stop().await;
 }
 
+/// TGI (`continue_final_message`) and Ollama (a trailing assistant message) continue a chat
+/// answer too; their own chunk shapes (TGI's empty id, the role on every delta) are rewritten
+/// to the first chunk's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tgi_and_ollama_continue_a_chat_answer() {
+    for (kind, label) in [
+        (SimKind::Tgi, "cut-to-tgi"),
+        (SimKind::Ollama, "cut-to-ollama"),
+    ] {
+        let (a, b) = (cutting_sim(6).await, sim(SimKind::Vllm, &[MODEL]).await);
+        let other = sim(kind, &[MODEL]).await;
+        let name = if kind == SimKind::Tgi {
+            "tgi"
+        } else {
+            "ollama"
+        };
+        let g = gateway(&[(label, "vllm", a.url()), ("o", name, other.url())], "").await;
+        let body = chat(40);
+        let want = read(&reference(&b.url(), "/v1/chat/completions", &body).await);
+        let got = read(&stream_from(&g, "/v1/chat/completions", &body, label).await);
+        assert_eq!(got.errors, 0, "{label}");
+        let first = &got.chunks[0];
+        assert!(first["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("chatcmpl-")));
+        for c in &got.chunks {
+            for k in ["id", "created", "model"] {
+                assert_eq!(c[k], first[k], "{label}: {k} changed mid-stream: {c}");
+            }
+        }
+        // The five tokens that went out, then what that engine answers when asked to continue
+        // them (another engine's model may continue differently).
+        let partial: String = want.text.split_inclusive(' ').take(6).collect();
+        let partial = partial.trim_end().to_string();
+        let mut direct = body.clone();
+        direct["stream"] = json!(false);
+        direct.as_object_mut().unwrap().remove("stream_options");
+        direct["max_tokens"] = json!(35);
+        direct["messages"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role": "assistant", "content": partial}));
+        if kind == SimKind::Tgi {
+            direct["continue_final_message"] = json!(true);
+        }
+        let rest = support::request::post_for_json(
+            &client(),
+            other.url() + "/v1/chat/completions",
+            &direct,
+        )
+        .await;
+        let rest = rest["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(got.roles, 1, "{label}");
+        assert_eq!(got.text, format!("{partial}{rest}"), "{label}");
+        assert_eq!(got.finishes.len(), 1, "{label}");
+        let u = got.usage.unwrap();
+        assert_eq!(
+            u["completion_tokens"].as_u64().unwrap(),
+            got.text.split_whitespace().count() as u64,
+            "{label}: {u}"
+        );
+        g.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completions_stream_continues_with_the_text_so_far() {
     let (a, b) = (cutting_sim(4).await, sim(SimKind::Vllm, &[MODEL]).await);
@@ -401,4 +469,56 @@ async fn the_openai_sdk_reads_a_continued_stream() {
         "no stream was continued: {metrics}"
     );
     g.stop().await;
+}
+
+/// The vLLM sim renders `continue_final_message` / `add_generation_prompt` as vLLM does: both
+/// at once is its validator's 400; a continued assistant message goes on where it stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_vllm_sim_continues_a_final_message_as_vllm_does() {
+    let s = sim(SimKind::Vllm, &[MODEL]).await;
+    let c = client();
+    let url = s.url() + "/v1/chat/completions";
+    let mut body = json!({"model": MODEL, "max_tokens": 30, "seed": 4,
+        "messages": [{"role": "user", "content": "Tell me"}]});
+    let whole = support::request::post_for_json(&c, &url, &body).await;
+    let text = whole["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let partial: String = text.split_inclusive(' ').take(4).collect();
+    let partial = partial.trim_end().to_string();
+    body["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": partial}));
+    body["continue_final_message"] = json!(true);
+    for both in [json!(true), Value::Null] {
+        body["add_generation_prompt"] = both.clone();
+        if both.is_null() {
+            body.as_object_mut()
+                .unwrap()
+                .remove("add_generation_prompt");
+        }
+        let r = post_json(&c, &url, &body).await;
+        assert_eq!(r.status(), 400, "add_generation_prompt {both}");
+        let v: Value = r.json().await.unwrap();
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Cannot set both `continue_final_message`")),
+            "{v}"
+        );
+    }
+    body["add_generation_prompt"] = json!(false);
+    let rest = support::request::post_for_json(&c, &url, &body).await;
+    let rest_text = rest["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(format!("{partial}{rest_text}"), text);
+    assert_eq!(
+        rest["usage"]["completion_tokens"].as_u64().unwrap() + 3,
+        whole["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    // Without a generation prompt and without continuing, the model gets the plain turns.
+    body["continue_final_message"] = json!(false);
+    let plain = support::request::post_for_json(&c, &url, &body).await;
+    assert_eq!(plain["object"], "chat.completion", "{plain}");
 }
