@@ -257,7 +257,7 @@ impl<B> ObservedStream<B> {
         if self.edits.is_passthrough() && !self.joined() {
             // Send the complete events, zero-copy: they are `data` minus the held tail, plus
             // (when an event was held) the first event, which starts with the held bytes.
-            let (mut first, mut complete, mut invalid, mut failed) = (None, 0usize, false, false);
+            let (mut first, mut complete, mut invalid, mut failed) = (None, 0usize, false, None);
             while let Some(event) = self.scanner.next_event() {
                 if let Some(payload) = event_data_borrowed(&event) {
                     let seen = self.api.inspect(&payload);
@@ -266,7 +266,7 @@ impl<B> ObservedStream<B> {
                         break;
                     }
                     if seen.error && self.would_continue() {
-                        failed = true;
+                        failed = Some(event.clone());
                         break;
                     }
                     self.observe(seen);
@@ -290,8 +290,8 @@ impl<B> ObservedStream<B> {
             }
             if invalid {
                 self.interrupt("the backend sent an event that is not JSON");
-            } else if failed {
-                self.interrupt("the backend sent an error event");
+            } else if let Some(event) = failed {
+                self.error_event(event);
             }
             return;
         }
@@ -307,11 +307,11 @@ impl<B> ObservedStream<B> {
                 if !batch.is_empty() {
                     self.send(batch.freeze());
                 }
-                self.interrupt(if failed {
-                    "the backend sent an error event"
+                if failed {
+                    self.error_event(event);
                 } else {
-                    "the backend sent an event that is not JSON"
-                });
+                    self.interrupt("the backend sent an event that is not JSON");
+                }
                 return;
             }
             self.observe(seen);
@@ -418,6 +418,16 @@ impl<B> ObservedStream<B> {
         ));
     }
 
+    /// The engine reported an error inside the stream while a continuation is possible: the
+    /// event is held back and the answer continued; should that fail, the client gets the
+    /// engine's event after all (as without continuation).
+    fn error_event(&mut self, event: Bytes) {
+        if let Some(r) = self.resume.as_mut() {
+            r.held_error = Some(event);
+        }
+        self.interrupt("the backend sent an error event");
+    }
+
     /// End the stream with the API's terminal error event.
     fn terminal(&mut self, message: &str) {
         let err = ApiError::bad_gateway(message).with_code("backend_stream_interrupted");
@@ -441,6 +451,15 @@ impl<B> ObservedStream<B> {
                 tracing::warn!(request_id = %self.settle.record.request_id, "continuation failed: {e}");
                 metrics::counter!(m::STREAM_CONTINUATIONS_TOTAL, "backend" => broken, "outcome" => "failed")
                     .increment(1);
+                if let Some(event) = self.resume.as_mut().and_then(|r| r.held_error.take()) {
+                    // The engine's own error event, then the API's end, as without continuation.
+                    self.send(event);
+                    self.out
+                        .extend(self.api.end_event().map(Bytes::from_static));
+                    self.settle.record.error = Some("backend_stream_error".into());
+                    self.phase = Phase::Done;
+                    return;
+                }
                 return self.terminal(&format!(
                     "The backend stopped in the middle of the answer ({broke}) and continuing \
                      it on another backend failed ({e}). The answer is incomplete."

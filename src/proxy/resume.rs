@@ -71,11 +71,22 @@ pub struct Resume<B> {
     pub joined: bool,
     /// Why the first backend's stream broke (for the terminal error if continuing fails).
     pub broke: String,
+    /// The engine's error event that broke the stream (sent after all if continuing fails).
+    pub held_error: Option<Bytes>,
+    /// Some candidate not tried yet can continue this API's answers.
+    alternative: bool,
 }
 
 impl<B> Resume<B> {
-    pub fn new(api: &'static dyn Continuation, request: Bytes, starter: Starter<B>) -> Self {
+    pub fn new(
+        api: &'static dyn Continuation,
+        request: Bytes,
+        alternative: bool,
+        starter: Starter<B>,
+    ) -> Self {
         Resume {
+            held_error: None,
+            alternative,
             api,
             request,
             continuable: None,
@@ -96,7 +107,11 @@ impl<B> Resume<B> {
 
     /// Whether a break now would be continued.
     pub fn can_start(&mut self) -> bool {
-        if self.joined || self.starter.is_none() || self.transcript.blocked.is_some() {
+        if !self.alternative
+            || self.joined
+            || self.starter.is_none()
+            || self.transcript.blocked.is_some()
+        {
             return false;
         }
         let (api, request) = (self.api, &self.request);
@@ -142,9 +157,15 @@ impl Continuer {
     /// The observer's state for a stream of this request.
     pub(super) fn into_resume(self) -> Option<Resume<Incoming>> {
         let api = self.api.continuation()?;
+        let alternative = self
+            .candidates
+            .iter()
+            .enumerate()
+            .any(|(i, (b, _))| !self.tried.contains(&i) && api.continues_on(b.kind()));
         Some(Resume::new(
             api,
             self.body.clone(),
+            alternative,
             Box::new(move |t: Transcript| Box::pin(self.run(api, t))),
         ))
     }

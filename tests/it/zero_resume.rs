@@ -417,10 +417,11 @@ async fn a_continuation_that_fails_ends_with_the_terminal_error() {
         "the continuation's text went out before it broke"
     );
     g.stop().await;
-    // The only other backend cannot continue (a generic OpenAI server): nothing to switch to.
+    // The only other backend is overloaded: the continuation gets its 503.
     let (a, o) = (cutting_sim(4).await, sim(SimKind::Vllm, &[MODEL]).await);
+    o.set_fault(Fault::mode(FaultMode::Overloaded)).unwrap();
     let g = gateway(
-        &[("cut-failed", "vllm", a.url()), ("o", "openai", o.url())],
+        &[("cut-failed", "vllm", a.url()), ("o", "vllm", o.url())],
         "",
     )
     .await;
@@ -438,6 +439,36 @@ async fn a_continuation_that_fails_ends_with_the_terminal_error() {
         ),
         1.0
     );
+    g.stop().await;
+    // The only other backend cannot continue (a generic OpenAI server): no continuation is
+    // tried, and an engine's error event reaches the client as it did without continuation.
+    let raw = bad_backend(Misbehaviour::SseErrorEvent).await;
+    let o = sim(SimKind::Vllm, &[MODEL]).await;
+    let g = gateway(&[("err-alone", "vllm", raw), ("o", "openai", o.url())], "").await;
+    let got = stream_from(&g, "/v1/chat/completions", &chat(30), "err-alone").await;
+    let err = terminal(&got).unwrap_or_else(|| panic!("{got:?}"));
+    assert!(err.contains("EngineCore encountered an issue"), "{err}");
+    let metrics = g.metrics_text().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_stream_continuations_total{backend=\"err-alone\""
+        ),
+        0.0
+    );
+    g.stop().await;
+    // An engine's error event whose continuation fails: the client gets that event after all.
+    let raw = bad_backend(Misbehaviour::SseErrorEvent).await;
+    let o = sim(SimKind::Vllm, &[MODEL]).await;
+    o.set_fault(Fault::mode(FaultMode::Overloaded)).unwrap();
+    let g = gateway(&[("err-held", "vllm", raw), ("o", "vllm", o.url())], "").await;
+    let got = stream_from(&g, "/v1/chat/completions", &chat(30), "err-held").await;
+    let err = terminal(&got).unwrap_or_else(|| panic!("{got:?}"));
+    assert!(err.contains("EngineCore encountered an issue"), "{err}");
+    assert_eq!(read(&got).text, "HiHi");
+    let metrics = g.metrics_text().await;
+    let failed = "sluice_stream_continuations_total{backend=\"err-held\",outcome=\"failed\"}";
+    assert_eq!(metric(&metrics, failed), 1.0);
     g.stop().await;
 }
 
