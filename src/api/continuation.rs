@@ -274,7 +274,7 @@ fn rewrite_chunk(data: &[u8], t: &Transcript, usage: Option<Usage>, drop_role: b
     }
     let at = |raw: &RawValue| (raw.get().as_ptr() as usize).checked_sub(data.as_ptr() as usize);
     let mut splices = Vec::new();
-    let mut put = |splices: &mut Vec<Splice>, raw: Option<&RawValue>, with: Option<Vec<u8>>| {
+    let put = |splices: &mut Vec<Splice>, raw: Option<&RawValue>, with: Option<Vec<u8>>| {
         if let (Some(raw), Some(with)) = (raw, with) {
             if let Some(start) = at(raw) {
                 splices.push(Splice {
