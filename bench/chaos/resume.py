@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Continuation benchmark: 3 simulated vLLM servers (separate `sluice sim` processes, real-time
 speed, answers longer than the limit) behind one `sluice serve`; `--clients` long streams
-(`max_tokens` 400, include_usage) run at once, and once every stream has received tokens the
-backend serving the most of them is SIGKILLed. Each stream is read to its end and checked as a
+(`max_tokens` 400, include_usage) run at once, and `--kill-after` seconds after every stream
+has received tokens the backend serving the most of them is SIGKILLed. Each stream is read to its end and checked as a
 client would: an error event or a broken read is a failure; otherwise it must hold exactly
 `max_tokens` tokens, one role delta, one finish_reason, one id/created/model, and usage that
 sums to what was received. Run with continuation on (default) and `--no-continue`.
@@ -107,6 +107,8 @@ def main():
     ap.add_argument("--binary", default=os.path.join(os.path.dirname(__file__), "..", "..", "target", "release", "sluice"))
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--no-continue", action="store_true")
+    ap.add_argument("--kill-after", type=float, default=2.0,
+                    help="seconds after every stream has its first token")
     args = ap.parse_args()
     binary = os.path.abspath(args.binary)
     if not os.path.exists(binary):
@@ -156,6 +158,8 @@ unhealthy_threshold = 2
         for s in streams:
             on[s.backend] = on.get(s.backend, 0) + 1
         victim = max(on, key=on.get)
+        time.sleep(args.kill_after)
+        before = [s.tokens for s in streams if s.backend == victim]
         t_kill = time.time()
         sims[int(victim[1:])].send_signal(signal.SIGKILL)
         for s in streams:
@@ -168,6 +172,7 @@ unhealthy_threshold = 2
             "killed": victim,
             "killed_after_s": round(t_kill - t0, 2),
             "streams_on_killed_backend": len(hit),
+            "their_tokens_before_kill_min_max": [min(before, default=0), max(before, default=0)],
             "client_errors": sum(1 for s in streams if s.error),
             "whole_answers": sum(1 for s in streams if s.whole()),
             "continued (metric)": metric(gw_port, "sluice_stream_continuations_total"),
