@@ -25,7 +25,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::Usage;
+pub mod messages;
+
+use super::{ClientApi, Usage};
 use crate::config::BackendKind;
 use crate::openai::edit::{self, Splice};
 
@@ -43,6 +45,23 @@ pub struct Transcript {
     /// Why the answer can no longer be continued, once something went out that a
     /// continuation could not extend.
     pub blocked: Option<&'static str>,
+    /// The prompt's tokens, when the stream reported them before its end (Anthropic's
+    /// `message_start`).
+    pub prompt_tokens: Option<u64>,
+    /// The open content block, and the index of the next one (typed-event APIs).
+    pub block: Option<u64>,
+    pub next: u64,
+    /// The continuation's finish reason, until its end is written.
+    pub stop: Option<String>,
+}
+
+impl Transcript {
+    /// The index of a new content block.
+    pub fn next_block(&mut self) -> u64 {
+        let i = self.next;
+        self.next += 1;
+        i
+    }
 }
 
 /// What a continuation event becomes for the client.
@@ -50,17 +69,21 @@ pub struct Transcript {
 pub enum Rewritten {
     /// Not sent (the continuation's own role delta).
     Drop,
-    /// Sent, as these bytes.
+    /// Sent, as these bytes (the event's data).
     Send(Bytes),
+    /// Complete events (their `event:` and `data:` lines), sent as they are.
+    Events(Bytes),
 }
 
 /// The usage of one answer made of `t`'s streamed tokens and a continuation that reported
 /// `cont`: the prompt as the continuing engine counted it without the text already streamed
-/// (the original prompt, to within a token where a tokenizer merges across the join), and
-/// every token produced. Its total is the continuation's.
+/// (the original prompt, to within a token where a tokenizer merges across the join) unless
+/// the stream reported its prompt already, and every token produced.
 pub fn joined_usage(t: &Transcript, cont: Usage) -> Usage {
     Usage {
-        prompt_tokens: cont.prompt_tokens.saturating_sub(t.tokens),
+        prompt_tokens: t
+            .prompt_tokens
+            .unwrap_or_else(|| cont.prompt_tokens.saturating_sub(t.tokens)),
         completion_tokens: cont.completion_tokens + t.tokens,
     }
 }
@@ -76,13 +99,24 @@ pub trait Continuation: Send + Sync {
     /// Record one event the client was sent (`data`, JSON) in `t`.
     fn record(&self, data: &[u8], t: &mut Transcript);
 
+    /// The path the continuation is sent to, when not the API's own.
+    fn path(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The API whose events the continuation answers with, when not this one (its events
+    /// are then read as that API's and [`Continuation::rewrite`] writes them as this one's).
+    fn wire(&self) -> Option<&'static dyn ClientApi> {
+        None
+    }
+
     /// The body that asks a backend of `kind` (its model name `model`) to continue the answer
     /// `t` to the request `body`; `None` when it cannot be built (nothing left to generate).
     fn body(&self, body: &[u8], t: &Transcript, kind: BackendKind, model: &str) -> Option<Bytes>;
 
     /// One event of the continuation (already edited for the client), rewritten to continue
     /// `t`; `usage`: the answer's usage, put in place of the continuation's own.
-    fn rewrite(&self, data: &[u8], t: &Transcript, usage: Option<Usage>) -> Rewritten;
+    fn rewrite(&self, data: &[u8], t: &mut Transcript, usage: Option<Usage>) -> Rewritten;
 }
 
 /// Chat completions: the partial answer is an assistant message the engine continues.
@@ -398,7 +432,7 @@ impl Continuation for ChatContinuation {
         to_bytes(req)
     }
 
-    fn rewrite(&self, data: &[u8], t: &Transcript, usage: Option<Usage>) -> Rewritten {
+    fn rewrite(&self, data: &[u8], t: &mut Transcript, usage: Option<Usage>) -> Rewritten {
         rewrite_chunk(data, t, usage, true)
     }
 }
@@ -432,7 +466,7 @@ impl Continuation for CompletionsContinuation {
         to_bytes(req)
     }
 
-    fn rewrite(&self, data: &[u8], t: &Transcript, usage: Option<Usage>) -> Rewritten {
+    fn rewrite(&self, data: &[u8], t: &mut Transcript, usage: Option<Usage>) -> Rewritten {
         rewrite_chunk(data, t, usage, false)
     }
 }
@@ -578,7 +612,7 @@ mod tests {
 
     #[test]
     fn continuation_events_read_as_the_same_answer() {
-        let t = Transcript {
+        let mut t = Transcript {
             id: Some("\"chatcmpl-1\"".into()),
             created: Some("7".into()),
             model: Some("\"m\"".into()),
@@ -586,9 +620,12 @@ mod tests {
             ..Transcript::default()
         };
         let role = br#"{"id":"chatcmpl-2","created":9,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#;
-        assert_eq!(CHAT_CONTINUATION.rewrite(role, &t, None), Rewritten::Drop);
+        assert_eq!(
+            CHAT_CONTINUATION.rewrite(role, &mut t, None),
+            Rewritten::Drop
+        );
         let chunk = br#"{"id":"chatcmpl-2","created":9,"model":"m2","choices":[{"index":0,"delta":{"content":" sea"}}]}"#;
-        let Rewritten::Send(out) = CHAT_CONTINUATION.rewrite(chunk, &t, None) else {
+        let Rewritten::Send(out) = CHAT_CONTINUATION.rewrite(chunk, &mut t, None) else {
             panic!("dropped")
         };
         assert_eq!(
@@ -597,7 +634,7 @@ mod tests {
         );
         // TGI and Ollama name the role on every delta: not again after the first.
         let tgi = br#"{"id":"","created":9,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":" sea"},"finish_reason":null}]}"#;
-        let Rewritten::Send(out) = CHAT_CONTINUATION.rewrite(tgi, &t, None) else {
+        let Rewritten::Send(out) = CHAT_CONTINUATION.rewrite(tgi, &mut t, None) else {
             panic!("dropped")
         };
         assert_eq!(
@@ -605,7 +642,7 @@ mod tests {
             br#"{"id":"chatcmpl-1","created":7,"model":"m","choices":[{"index":0,"delta":{"content":" sea"},"finish_reason":null}]}"#
         );
         let last = br#"{"choices":[{"delta":{"content":"","role" : "assistant" },"finish_reason":"stop"}]}"#;
-        let Rewritten::Send(out) = CHAT_CONTINUATION.rewrite(last, &t, None) else {
+        let Rewritten::Send(out) = CHAT_CONTINUATION.rewrite(last, &mut t, None) else {
             panic!("dropped")
         };
         assert_eq!(
@@ -627,7 +664,7 @@ mod tests {
                 completion_tokens: 5
             }
         );
-        let Rewritten::Send(out) = CHAT_CONTINUATION.rewrite(usage, &t, Some(joined)) else {
+        let Rewritten::Send(out) = CHAT_CONTINUATION.rewrite(usage, &mut t, Some(joined)) else {
             panic!("dropped")
         };
         assert_eq!(

@@ -294,6 +294,10 @@ impl ClientApi for Messages {
         whole_usage(json)
     }
 
+    fn continuation(&self) -> Option<&'static dyn super::continuation::Continuation> {
+        Some(super::continuation::messages::MESSAGES_CONTINUATION)
+    }
+
     shared_messages_api!();
 }
 

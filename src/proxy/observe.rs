@@ -189,6 +189,15 @@ impl<B> ObservedStream<B> {
         self
     }
 
+    /// The API whose events the stream carries: the request's, or the continuation's wire.
+    fn reader(&self) -> &'static dyn ClientApi {
+        self.resume
+            .as_ref()
+            .filter(|r| r.joined)
+            .and_then(|r| r.api.wire())
+            .unwrap_or(self.api)
+    }
+
     /// Whether the stream's events come from a continuation.
     fn joined(&self) -> bool {
         self.resume.as_ref().is_some_and(|r| r.joined)
@@ -301,7 +310,7 @@ impl<B> ObservedStream<B> {
                 batch.extend_from_slice(&event); // a comment or keep-alive: as it came
                 continue;
             };
-            let seen = self.api.inspect(&payload);
+            let seen = self.reader().inspect(&payload);
             let failed = seen.error && self.would_continue();
             if seen.invalid || failed {
                 if !batch.is_empty() {
@@ -326,14 +335,16 @@ impl<B> ObservedStream<B> {
                 .api
                 .edit(&payload, &self.edits)
                 .unwrap_or_else(|| Bytes::copy_from_slice(&payload));
-            let edited = match self.resume.as_deref() {
-                Some(r) if r.joined => {
-                    let usage = seen.usage.and(self.settle.usage);
-                    match r.api.rewrite(&edited, &r.transcript, usage) {
-                        Rewritten::Drop => continue,
-                        Rewritten::Send(b) => b,
+            let usage = seen.usage.and(self.settle.usage);
+            let edited = match self.resume.as_deref_mut() {
+                Some(r) if r.joined => match r.api.rewrite(&edited, &mut r.transcript, usage) {
+                    Rewritten::Drop => continue,
+                    Rewritten::Send(b) => b,
+                    Rewritten::Events(b) => {
+                        batch.extend_from_slice(&b);
+                        continue;
                     }
-                }
+                },
                 _ => {
                     self.record(&edited);
                     edited
@@ -367,7 +378,7 @@ impl<B> ObservedStream<B> {
         let rest = self.scanner.take_rest();
         let mut rest_invalid = false;
         if let Some(payload) = event_data_borrowed(&rest) {
-            let seen = self.api.inspect(&payload);
+            let seen = self.reader().inspect(&payload);
             rest_invalid = seen.invalid;
             if !seen.invalid {
                 self.observe(seen);

@@ -209,7 +209,7 @@ impl Continuer {
         backend.state.count_request();
         let sent = forward::send(
             backend.as_ref(),
-            self.api.path(),
+            cont.path().unwrap_or(self.api.path()),
             headers,
             body,
             timeouts.first_byte,

@@ -553,3 +553,60 @@ async fn the_vllm_sim_continues_a_final_message_as_vllm_does() {
     let plain = support::request::post_for_json(&c, &url, &body).await;
     assert_eq!(plain["object"], "chat.completion", "{plain}");
 }
+
+/// The events of a Messages stream: (event name, data as JSON).
+fn messages_events(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter_map(|e| {
+            let name = e.lines().find_map(|l| l.strip_prefix("event: "))?;
+            let data = e.lines().find_map(|l| l.strip_prefix("data: "))?;
+            Some((name.to_string(), serde_json::from_str(data).unwrap()))
+        })
+        .collect()
+}
+
+/// A Messages stream cut mid-answer continues through the engine's chat completions endpoint
+/// and reads as the uncut answer's events: same message, one text block, the text, the stop
+/// reason and usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_messages_stream_continues_as_the_same_message() {
+    let (a, b) = (cutting_sim(7).await, sim(SimKind::Vllm, &[MODEL]).await);
+    let g = gateway(&[("cut-msg", "vllm", a.url()), ("b", "vllm", b.url())], "").await;
+    let body = json!({"model": MODEL, "max_tokens": 40, "stream": true, "system": "Be brief.",
+        "messages": [{"role": "user", "content": "Tell me about the sea."}]});
+    let want = post_json(&client(), b.url() + "/v1/messages", &body).await;
+    let want = messages_events(&want.text().await.unwrap());
+    let c = client();
+    let mut got = None;
+    for _ in 0..4 {
+        let r = post_json(&c, g.url("/v1/messages"), &body).await;
+        assert_eq!(r.status(), 200);
+        let on = header(&r, "x-sluice-backend").to_string();
+        let text = r.text().await.unwrap();
+        if on == "cut-msg" {
+            got = Some(messages_events(&text));
+            break;
+        }
+    }
+    let got = got.expect("a stream on cut-msg");
+    let names = |e: &[(String, Value)]| e.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&got), names(&want), "{got:?}");
+    let text = |e: &[(String, Value)]| {
+        e.iter()
+            .filter_map(|(_, v)| v["delta"]["text"].as_str())
+            .collect::<String>()
+    };
+    assert_eq!(text(&got), text(&want));
+    let last = |e: &[(String, Value)], name: &str| {
+        e.iter().rev().find(|(n, _)| n == name).unwrap().1.clone()
+    };
+    assert_eq!(last(&got, "message_delta"), last(&want, "message_delta"));
+    assert_eq!(
+        last(&got, "message_start")["message"]["id"],
+        got[0].1["message"]["id"]
+    );
+    let metrics = g.metrics_text().await;
+    let continued = "sluice_stream_continuations_total{backend=\"cut-msg\",outcome=\"continued\"}";
+    assert_eq!(metric(&metrics, continued), 1.0, "{metrics}");
+    g.stop().await;
+}
