@@ -610,3 +610,36 @@ async fn a_messages_stream_continues_as_the_same_message() {
     assert_eq!(metric(&metrics, continued), 1.0, "{metrics}");
     g.stop().await;
 }
+
+/// The Anthropic Python SDK reads a continued Messages stream as one message, without an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_anthropic_sdk_reads_a_continued_messages_stream() {
+    let Some(python) = process::python_with(&["anthropic"]) else {
+        return;
+    };
+    let (a, b) = (cutting_sim(8).await, sim(SimKind::Vllm, &[MODEL]).await);
+    let g = gateway(
+        &[("cut-msg-sdk", "vllm", a.url()), ("b", "vllm", b.url())],
+        "",
+    )
+    .await;
+    let body = json!({"model": MODEL, "max_tokens": 40, "system": "Be brief.",
+        "messages": [{"role": "user", "content": "Tell me about the sea."}]});
+    let want = support::request::post_for_json(&client(), b.url() + "/v1/messages", &body).await;
+    let want = want["content"][0]["text"].as_str().unwrap().to_string();
+    process::python_checks(
+        python,
+        "gateway_resume_anthropic_sdk.py",
+        vec![
+            ("SLUICE_BASE_URL", g.url("")),
+            ("SLUICE_MODEL", MODEL.to_string()),
+            ("SLUICE_WANT_TEXT", want),
+        ],
+    )
+    .await;
+    let metrics = g.metrics_text().await;
+    let continued =
+        "sluice_stream_continuations_total{backend=\"cut-msg-sdk\",outcome=\"continued\"}";
+    assert!(metric(&metrics, continued) >= 1.0, "{metrics}");
+    g.stop().await;
+}
