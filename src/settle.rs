@@ -26,6 +26,9 @@ pub struct Outcome {
     /// The answer is not final: the backend goes on producing it under this id (a background
     /// response), so its usage comes later.
     pub pending: Option<String>,
+    /// The answer was finished by another backend than the one it started on (a broken
+    /// stream continued): its timings and usage are not the first backend's.
+    pub continued: bool,
 }
 
 /// Work to do when a request is over.
@@ -45,6 +48,8 @@ pub struct Settle {
     pub streamed_tokens: u64,
     /// See [`Outcome::pending`].
     pub pending: Option<String>,
+    /// A broken stream was continued on another backend.
+    pub continued: bool,
     done: bool,
 }
 
@@ -59,6 +64,7 @@ impl Settle {
             prompt_estimate: 0,
             streamed_tokens: 0,
             pending: None,
+            continued: false,
             done: false,
         }
     }
@@ -90,6 +96,7 @@ impl Settle {
             ttft: self.record.ttft,
             elapsed: self.record.started.elapsed(),
             pending: self.pending.take(),
+            continued: self.continued,
         };
         for hook in self.hooks.drain(..) {
             hook(&outcome);

@@ -32,6 +32,10 @@ impl ClientApi for Chat {
     fn tokenize_form(&self, _prompt: &[u8]) -> Option<TokenizeForm> {
         Some(TokenizeForm::ChatMessages)
     }
+
+    fn continuation(&self) -> Option<&'static dyn super::continuation::Continuation> {
+        Some(super::continuation::CHAT_CONTINUATION)
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,10 @@ impl ClientApi for Completions {
         // Token ids and batches of prompts are not one text to count.
         (prompt.first() == Some(&b'"')).then_some(TokenizeForm::Prompt)
     }
+
+    fn continuation(&self) -> Option<&'static dyn super::continuation::Continuation> {
+        Some(super::continuation::COMPLETIONS_CONTINUATION)
+    }
 }
 
 #[cfg(test)]

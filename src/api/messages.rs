@@ -300,6 +300,10 @@ impl ClientApi for Messages {
         native_kind(kind) || kind == BackendKind::Ollama
     }
 
+    fn continuation(&self) -> Option<&'static dyn super::continuation::Continuation> {
+        Some(super::continuation::messages::MESSAGES_CONTINUATION)
+    }
+
     shared_messages_api!();
 }
 

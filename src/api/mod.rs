@@ -61,6 +61,7 @@ pub mod audio;
 pub mod chat;
 pub mod chat_batch;
 pub mod completions;
+pub mod continuation;
 pub mod embeddings;
 pub mod engine;
 pub mod messages;
@@ -241,6 +242,12 @@ pub trait ClientApi: Send + Sync {
     /// For a whole answer that is not final (a background response still queued or running,
     /// without usage): the backend's id to follow it by (`GET <path>/<id>`) until it is.
     fn pending(&self, _whole: &[u8]) -> Option<String> {
+        None
+    }
+
+    /// How a broken stream of this API is continued on another backend
+    /// ([`continuation`]); `None` when it cannot be (the client gets the terminal error).
+    fn continuation(&self) -> Option<&'static dyn continuation::Continuation> {
         None
     }
 

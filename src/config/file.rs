@@ -247,6 +247,9 @@ pub struct RoutingSection {
     /// At the hang deadline (`[health] hang_factor`), send a copy of the request to another
     /// backend and keep whichever answers first (default false: it costs GPU work).
     pub hedge: Option<bool>,
+    /// Continue a stream that breaks after output reached the client on another backend
+    /// (default true).
+    pub continue_streams: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

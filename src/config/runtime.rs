@@ -252,6 +252,9 @@ pub struct RoutingConfig {
     pub tokenize_timeout: Duration,
     /// Send a copy elsewhere at a waiting request's hang deadline; keep the first answer.
     pub hedge: bool,
+    /// Continue a stream broken after output reached the client on another backend
+    /// (`proxy::resume`).
+    pub continue_streams: bool,
 }
 
 #[derive(Debug, Clone)]

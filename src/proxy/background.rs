@@ -80,6 +80,7 @@ impl Pending {
                 ttft: None,
                 elapsed: self.elapsed,
                 pending: None,
+                continued: false,
             });
         }
     }
@@ -94,6 +95,7 @@ impl Drop for Pending {
                 ttft: None,
                 elapsed: self.elapsed,
                 pending: None,
+                continued: false,
             });
         }
     }

@@ -37,6 +37,7 @@ pub mod headers;
 pub mod observe;
 pub mod passthrough;
 mod rescue;
+pub mod resume;
 pub mod sse;
 pub mod stored;
 pub mod translated;
@@ -99,7 +100,7 @@ pub async fn handle(gw: Arc<Gateway>, api: &'static dyn ClientApi, req: Request<
 /// The phases in order: prepare, then attempts on one backend after another until one is
 /// answered; when none is, the last failure (`Err`: `handle` finishes the record).
 async fn proxy(
-    gw: &Gateway,
+    gw: &Arc<Gateway>,
     rt: &Runtime,
     api: &'static dyn ClientApi,
     req: Request<Body>,
@@ -137,7 +138,8 @@ async fn proxy(
         match attempt(gw, config, p, claimed, &mut tried, deadline, record).await {
             Verdict::Retry(failure) => last_failure = Some(failure),
             Verdict::Answer(answer) => {
-                return Ok(respond(config, &mut prepared, answer, record).await)
+                let resume = continuer(gw, config, p, &tried, answer.strip_usage, record);
+                return Ok(respond(config, &mut prepared, answer, record, resume).await);
             }
         }
     }
@@ -662,6 +664,37 @@ async fn classify<B: UpstreamBody>(
     ))
 }
 
+/// What continues this request's stream on another backend if it breaks after it was
+/// committed (`routing.continue_streams`; [`resume`]); `None` for an answer that is not
+/// streamed, an API that cannot be continued, or a request pinned to one backend.
+fn continuer(
+    gw: &Arc<Gateway>,
+    config: &Config,
+    p: &Prepared,
+    tried: &[usize],
+    strip_usage: bool,
+    record: &AccessRecord,
+) -> Option<resume::Continuer> {
+    if !config.routing.continue_streams || !p.streaming || p.pin.is_some() {
+        return None;
+    }
+    p.api.continuation()?;
+    Some(resume::Continuer {
+        gw: gw.clone(),
+        api: p.api,
+        body: p.body.clone(),
+        fields: p.fields.clone(),
+        candidates: p.resolved.candidates.clone(),
+        policy: p.policy,
+        input: p.input,
+        tenant: p.identity.tenant.clone(),
+        client_headers: p.client_headers.clone(),
+        request_id: record.request_id.clone(),
+        tried: tried.to_vec(),
+        strip_usage,
+    })
+}
+
 /// Answer the client from the backend that answered: its error normalised, its stream through
 /// the observer, or its whole answer read. From here on nothing is retried.
 async fn respond(
@@ -669,6 +702,7 @@ async fn respond(
     p: &mut Prepared,
     answer: Answer,
     record: &mut AccessRecord,
+    resume: Option<resume::Continuer>,
 ) -> Response {
     let permit = p.permit.take();
     let claimed = answer.claimed;
@@ -715,7 +749,12 @@ async fn respond(
     let settle = settlement(p, permit, backend, claimed, answer.sent_after, record);
     let answer_parts = (status, out_headers, upstream, edits, settle);
     if p.streaming && is_sse(&parts.headers) {
-        return stream_answer(config, p.api, backend, answer_parts, answer.reply);
+        // A translated stream is not continued: its events are rebuilt from another API's.
+        let resume = match answer.reply {
+            Some(_) => None,
+            None => resume.and_then(resume::Continuer::into_resume),
+        };
+        return stream_answer(config, p.api, backend, answer_parts, answer.reply, resume);
     }
     let reply = answer.reply.as_deref();
     whole_answer(
@@ -839,6 +878,7 @@ fn stream_answer(
     backend: &Arc<Backend>,
     (status, headers, upstream, edits, settle): AnswerParts,
     reply: Option<Arc<dyn Reply>>,
+    resume: Option<resume::Resume<Incoming>>,
 ) -> Response {
     let idle = backend.config.timeouts.idle;
     let health = config.health.clone();
@@ -850,9 +890,10 @@ fn stream_answer(
                 api, upstream, edits, idle, backend, health, settle,
             ))
         }
-        None => Body::new(ObservedStream::new(
-            api, upstream, edits, idle, backend, health, settle,
-        )),
+        None => Body::new(
+            ObservedStream::new(api, upstream, edits, idle, backend, health, settle)
+                .resuming(resume),
+        ),
     };
     let mut response = Response::new(body);
     *response.status_mut() = status;

@@ -9,9 +9,13 @@
 //! - An event whose data is not JSON (nor `[DONE]`) ends the stream with the terminal error
 //!   below, before that event reaches the client: SDKs would fail on it with a parse error.
 //! - Once a stream has started it is never retried; if the backend fails mid-way (reset, idle
-//!   timeout, oversized event, early end) the client gets the request's API's terminal error
-//!   event ([`ClientApi::stream_error_event`]; for OpenAI's APIs an error object, then
-//!   `data: [DONE]`), so SDKs raise instead of returning a silently truncated answer.
+//!   timeout, oversized or invalid event, early end, an engine error event while a
+//!   continuation is possible) the answer is continued on another backend when the request
+//!   can be ([`super::resume`]: at most once; the events that went out are recorded for it,
+//!   the continuation's rewritten to read as the same answer). Otherwise the client gets the
+//!   request's API's terminal error event ([`ClientApi::stream_error_event`]; for OpenAI's
+//!   APIs an error object, then `data: [DONE]`), so SDKs raise instead of returning a
+//!   silently truncated answer.
 //! - What an event means (usage, output, an error, the end) and how it is edited is the
 //!   request's [`ClientApi`]'s answer; this module knows no API by name.
 //! - [`Settle`] runs exactly once, on completion or on drop (client gone), releasing the load
@@ -31,7 +35,9 @@ use hyper::body::Incoming;
 use memchr::memmem;
 use tokio::time::Sleep;
 
+use super::resume::{Resume, Switch};
 use super::sse::{event_data_borrowed, SseScanner};
+use crate::api::continuation::Rewritten;
 pub use crate::api::Edits;
 use crate::api::{ClientApi, Seen};
 use crate::config::HealthConfig;
@@ -53,7 +59,7 @@ pub fn learn_hook(
     queued: bool,
 ) -> SettleHook {
     Box::new(move |o: &Outcome| {
-        let (true, Some(u)) = (o.complete, o.usage) else {
+        let (true, false, Some(u)) = (o.complete, o.continued, o.usage) else {
             return;
         };
         shapes.observe(
@@ -116,6 +122,9 @@ impl Redactor {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Streaming,
+    /// The stream broke; its continuation on another backend is being set up
+    /// ([`super::resume`]).
+    Continuing,
     Done,
 }
 
@@ -123,7 +132,10 @@ enum Phase {
 /// the observer can be driven without a connection).
 pub struct ObservedStream<B = Incoming> {
     api: &'static dyn ClientApi,
-    upstream: B,
+    /// `None` once a broken stream's connection is closed.
+    upstream: Option<B>,
+    /// Continues the answer on another backend if the stream breaks.
+    resume: Option<Box<Resume<B>>>,
     scanner: SseScanner,
     edits: Edits,
     idle: Duration,
@@ -152,7 +164,8 @@ impl<B> ObservedStream<B> {
     ) -> Self {
         ObservedStream {
             api,
-            upstream,
+            upstream: Some(upstream),
+            resume: None,
             scanner: SseScanner::new(),
             redactor: Redactor::new(edits.redact.as_deref()),
             edits,
@@ -167,6 +180,38 @@ impl<B> ObservedStream<B> {
             backend,
             health,
             settle,
+        }
+    }
+
+    /// Continue the answer with `resume` if the stream breaks.
+    pub fn resuming(mut self, resume: Option<Resume<B>>) -> Self {
+        self.resume = resume.map(Box::new);
+        self
+    }
+
+    /// The API whose events the stream carries: the request's, or the continuation's wire.
+    fn reader(&self) -> &'static dyn ClientApi {
+        self.resume
+            .as_ref()
+            .filter(|r| r.joined)
+            .and_then(|r| r.api.wire())
+            .unwrap_or(self.api)
+    }
+
+    /// Whether the stream's events come from a continuation.
+    fn joined(&self) -> bool {
+        self.resume.as_ref().is_some_and(|r| r.joined)
+    }
+
+    /// Whether a break now would be continued (an engine's error event is then a break).
+    fn would_continue(&mut self) -> bool {
+        self.resume.as_mut().is_some_and(|r| r.can_start())
+    }
+
+    /// Record an event the client is sent, for a continuation.
+    fn record(&mut self, data: &[u8]) {
+        if let Some(r) = self.resume.as_mut() {
+            r.record(data);
         }
     }
 
@@ -192,6 +237,9 @@ impl<B> ObservedStream<B> {
             }
         }
         if let Some(mut u) = seen.usage {
+            if let Some(r) = self.resume.as_ref().filter(|r| r.joined) {
+                u = crate::api::continuation::joined_usage(&r.transcript, u);
+            }
             // An API may report the prompt at the start and the output at the end (Anthropic's
             // message_start / message_delta): a later report without a prompt count keeps it.
             if let (0, Some(earlier)) = (u.prompt_tokens, self.settle.usage) {
@@ -215,10 +263,10 @@ impl<B> ObservedStream<B> {
             self.interrupt(&e.to_string());
             return;
         }
-        if self.edits.is_passthrough() {
+        if self.edits.is_passthrough() && !self.joined() {
             // Send the complete events, zero-copy: they are `data` minus the held tail, plus
             // (when an event was held) the first event, which starts with the held bytes.
-            let (mut first, mut complete, mut invalid) = (None, 0usize, false);
+            let (mut first, mut complete, mut invalid, mut failed) = (None, 0usize, false, None);
             while let Some(event) = self.scanner.next_event() {
                 if let Some(payload) = event_data_borrowed(&event) {
                     let seen = self.api.inspect(&payload);
@@ -226,7 +274,12 @@ impl<B> ObservedStream<B> {
                         invalid = true;
                         break;
                     }
+                    if seen.error && self.would_continue() {
+                        failed = Some(event.clone());
+                        break;
+                    }
                     self.observe(seen);
+                    self.record(&payload);
                 }
                 complete += event.len();
                 if held > 0 && first.is_none() {
@@ -246,6 +299,8 @@ impl<B> ObservedStream<B> {
             }
             if invalid {
                 self.interrupt("the backend sent an event that is not JSON");
+            } else if let Some(event) = failed {
+                self.error_event(event);
             }
             return;
         }
@@ -255,12 +310,17 @@ impl<B> ObservedStream<B> {
                 batch.extend_from_slice(&event); // a comment or keep-alive: as it came
                 continue;
             };
-            let seen = self.api.inspect(&payload);
-            if seen.invalid {
+            let seen = self.reader().inspect(&payload);
+            let failed = seen.error && self.would_continue();
+            if seen.invalid || failed {
                 if !batch.is_empty() {
                     self.send(batch.freeze());
                 }
-                self.interrupt("the backend sent an event that is not JSON");
+                if failed {
+                    self.error_event(event);
+                } else {
+                    self.interrupt("the backend sent an event that is not JSON");
+                }
                 return;
             }
             self.observe(seen);
@@ -275,6 +335,21 @@ impl<B> ObservedStream<B> {
                 .api
                 .edit(&payload, &self.edits)
                 .unwrap_or_else(|| Bytes::copy_from_slice(&payload));
+            let usage = seen.usage.and(self.settle.usage);
+            let edited = match self.resume.as_deref_mut() {
+                Some(r) if r.joined => match r.api.rewrite(&edited, &mut r.transcript, usage) {
+                    Rewritten::Drop => continue,
+                    Rewritten::Send(b) => b,
+                    Rewritten::Events(b) => {
+                        batch.extend_from_slice(&b);
+                        continue;
+                    }
+                },
+                _ => {
+                    self.record(&edited);
+                    edited
+                }
+            };
             // The event's other fields (`event:` of a typed stream, `id:`) go first, as they
             // came: only the data is edited.
             for line in super::sse::lines(&event).filter(|l| !l.is_empty() && !is_data(l)) {
@@ -303,7 +378,7 @@ impl<B> ObservedStream<B> {
         let rest = self.scanner.take_rest();
         let mut rest_invalid = false;
         if let Some(payload) = event_data_borrowed(&rest) {
-            let seen = self.api.inspect(&payload);
+            let seen = self.reader().inspect(&payload);
             rest_invalid = seen.invalid;
             if !seen.invalid {
                 self.observe(seen);
@@ -342,13 +417,88 @@ impl<B> ObservedStream<B> {
         self.backend
             .state
             .record_live_failure(&self.health, false, why);
-        let err = ApiError::bad_gateway(format!(
+        if self.resume.as_mut().is_some_and(|r| r.start(why)) {
+            // The broken connection is closed now, its unfinished event dropped.
+            self.upstream = None;
+            self.scanner = SseScanner::new();
+            self.phase = Phase::Continuing;
+            return;
+        }
+        self.terminal(&format!(
             "The backend stopped in the middle of the answer ({why}). The answer is incomplete."
-        ))
-        .with_code("backend_stream_interrupted");
+        ));
+    }
+
+    /// The engine reported an error inside the stream while a continuation is possible: the
+    /// event is held back and the answer continued; should that fail, the client gets the
+    /// engine's event after all (as without continuation).
+    fn error_event(&mut self, event: Bytes) {
+        if let Some(r) = self.resume.as_mut() {
+            r.held_error = Some(event);
+        }
+        self.interrupt("the backend sent an error event");
+    }
+
+    /// End the stream with the API's terminal error event.
+    fn terminal(&mut self, message: &str) {
+        let err = ApiError::bad_gateway(message).with_code("backend_stream_interrupted");
         self.out.push_back(self.api.stream_error_event(&err));
         self.settle.record.error = Some("stream_interrupted".into());
         self.phase = Phase::Done;
+    }
+
+    /// The continuation is set up (`Ok`: its backend took over) or failed.
+    fn continued(&mut self, started: Result<Switch<B>, String>) {
+        let broke = self
+            .resume
+            .as_ref()
+            .map(|r| r.broke.clone())
+            .unwrap_or_default();
+        // (labelled by the backend whose stream broke)
+        let broken = self.backend.name().to_string();
+        let switch = match started {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(request_id = %self.settle.record.request_id, "continuation failed: {e}");
+                metrics::counter!(m::STREAM_CONTINUATIONS_TOTAL, "backend" => broken, "outcome" => "failed")
+                    .increment(1);
+                if let Some(event) = self.resume.as_mut().and_then(|r| r.held_error.take()) {
+                    // The engine's own error event, then the API's end, as without continuation.
+                    self.send(event);
+                    self.out
+                        .extend(self.api.end_event().map(Bytes::from_static));
+                    self.settle.record.error = Some("backend_stream_error".into());
+                    self.phase = Phase::Done;
+                    return;
+                }
+                return self.terminal(&format!(
+                    "The backend stopped in the middle of the answer ({broke}) and continuing \
+                     it on another backend failed ({e}). The answer is incomplete."
+                ));
+            }
+        };
+        metrics::counter!(m::STREAM_CONTINUATIONS_TOTAL, "backend" => broken, "outcome" => "continued")
+            .increment(1);
+        if let Some(r) = self.resume.as_mut() {
+            r.joined = true;
+            r.pending = None;
+        }
+        self.upstream = Some(switch.body);
+        self.backend = switch.backend;
+        // The first backend's share of the load is released here.
+        self.settle.guard = Some(switch.guard);
+        self.settle.continued = true;
+        self.settle.record.backend = Some(self.backend.name().to_string());
+        self.settle.record.attempts += 1;
+        self.redactor = Redactor::new(switch.edits.redact.as_deref());
+        self.edits = switch.edits;
+        self.scanner = SseScanner::new();
+        self.saw_done = false;
+        self.saw_error = false;
+        self.head_at = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.idle;
+        self.idle_timer.as_mut().reset(deadline);
+        self.phase = Phase::Streaming;
     }
 }
 
@@ -378,7 +528,22 @@ where
                 this.settle.run();
                 return Poll::Ready(None);
             }
-            match Pin::new(&mut this.upstream).poll_frame(cx) {
+            if this.phase == Phase::Continuing {
+                let Some(pending) = this.resume.as_mut().and_then(|r| r.pending.as_mut()) else {
+                    this.terminal("The answer could not be continued.");
+                    continue;
+                };
+                match pending.as_mut().poll(cx) {
+                    Poll::Ready(started) => this.continued(started),
+                    Poll::Pending => return Poll::Pending,
+                }
+                continue;
+            }
+            let Some(upstream) = this.upstream.as_mut() else {
+                this.terminal("The answer could not be continued.");
+                continue;
+            };
+            match Pin::new(upstream).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         let deadline = tokio::time::Instant::now() + this.idle;

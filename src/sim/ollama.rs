@@ -472,9 +472,17 @@ async fn native(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
     }
     let prompt = if chat {
         let msgs = r.messages.as_deref().unwrap_or(&[]);
-        text::render_chat(
+        // a trailing assistant message is left open: the model continues it
+        let open = msgs.last().and_then(|m| m.role.as_deref()) == Some("assistant");
+        let form = if open {
+            text::Render::ContinueLast
+        } else {
+            text::Render::Answer
+        };
+        text::render_chat_with(
             msgs.iter()
                 .map(|m| (m.role.as_deref().unwrap_or("user"), m.text())),
+            form,
         )
     } else {
         let mut p = String::new();
@@ -679,9 +687,15 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
             return v1_err(StatusCode::BAD_REQUEST, "[] is too short - 'messages'");
         }
         // max_completion_tokens is not a field of Ollama's request: ignored
+        // Ollama's template leaves a trailing assistant message open: the model continues it
+        let form = if r.ends_with_assistant() {
+            text::Render::ContinueLast
+        } else {
+            text::Render::Answer
+        };
         (
             r.model.clone(),
-            r.prompt(),
+            r.render(form),
             r.max_tokens,
             StreamOptions::flags(r.stream, &r.stream_options),
             r.seed,

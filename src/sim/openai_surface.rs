@@ -15,7 +15,7 @@
 
 use serde::Deserialize;
 
-use super::text::Finish;
+use super::text::{Finish, Render};
 
 /// JSON string literal of `s`.
 pub(crate) fn js(s: &str) -> String {
@@ -103,16 +103,31 @@ pub(crate) struct ChatRequest {
     /// vLLM's sampling parameter: generate exactly `max_tokens`, whatever the end of text.
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// vLLM, TGI: leave the last message open so the model continues it.
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
+    /// vLLM: append the assistant header (default true).
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
 }
 
 impl ChatRequest {
-    /// The prompt as rendered by the simulator's chat template.
-    pub(crate) fn prompt(&self) -> String {
+    /// The prompt in one of the template's forms.
+    pub(crate) fn render(&self, form: Render) -> String {
         let msgs = self.messages.as_deref().unwrap_or(&[]);
-        super::text::render_chat(
+        super::text::render_chat_with(
             msgs.iter()
                 .map(|m| (m.role.as_deref().unwrap_or("user"), m.text())),
+            form,
         )
+    }
+
+    /// Whether the last message is the assistant's (Ollama continues such a message).
+    pub(crate) fn ends_with_assistant(&self) -> bool {
+        self.messages
+            .as_deref()
+            .and_then(<[Message]>::last)
+            .is_some_and(|m| m.role.as_deref() == Some("assistant"))
     }
 }
 

@@ -196,6 +196,28 @@ pub(crate) fn word_text(word: u16) -> &'static str {
 
 /// Render chat messages with the simulator's template (see the module doc).
 pub(crate) fn render_chat<'a>(messages: impl Iterator<Item = (&'a str, String)>) -> String {
+    render_chat_with(messages, Render::Answer)
+}
+
+/// How a conversation is rendered for the model: the three forms of a chat template that
+/// vLLM's `add_generation_prompt` / `continue_final_message` select.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Render {
+    /// The messages, then the assistant header: the model answers with a new turn (the
+    /// default, `add_generation_prompt: true`).
+    Answer,
+    /// The messages only (`add_generation_prompt: false`).
+    Plain,
+    /// The last message left open, without its line end and without a new header, so the
+    /// model continues it (`continue_final_message: true`): an assistant "prefill".
+    ContinueLast,
+}
+
+/// Render chat messages in one of the template's forms.
+pub(crate) fn render_chat_with<'a>(
+    messages: impl Iterator<Item = (&'a str, String)>,
+    form: Render,
+) -> String {
     let mut s = String::new();
     for (role, content) in messages {
         s.push_str("<|");
@@ -204,8 +226,36 @@ pub(crate) fn render_chat<'a>(messages: impl Iterator<Item = (&'a str, String)>)
         s.push_str(&content);
         s.push('\n');
     }
-    s.push_str("<|assistant|>\n");
+    match form {
+        Render::Answer => s.push_str("<|assistant|>\n"),
+        Render::Plain => {}
+        Render::ContinueLast => {
+            s.pop();
+        }
+    }
     s
+}
+
+/// Most trailing words of a prompt checked for being the start of its own answer.
+const MAX_CONTINUED_WORDS: usize = 16_384;
+
+/// The generator words (" w", one token each) `text` ends with, as (byte offset, word index),
+/// first word first; at most [`MAX_CONTINUED_WORDS`].
+fn trailing_words(text: &str) -> Vec<(usize, u16)> {
+    let mut out = Vec::new();
+    let mut end = text.len();
+    while out.len() < MAX_CONTINUED_WORDS {
+        let Some(space) = text[..end].rfind(' ') else {
+            break;
+        };
+        let Some(i) = WORDS.iter().position(|w| *w == &text[space + 1..end]) else {
+            break;
+        };
+        out.push((space, i as u16));
+        end = space;
+    }
+    out.reverse();
+    out
 }
 
 /// Why an answer ended.
@@ -224,6 +274,21 @@ impl Finish {
             Finish::Length => "length",
         }
     }
+}
+
+/// The generator of the answer to a prompt whose hash is `prompt_hash`.
+fn answer_rng(seed: u64, model: &str, prompt_hash: u64) -> SplitMix {
+    SplitMix::new(
+        seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ fnv1a(model.as_bytes()).rotate_left(17)
+            ^ prompt_hash,
+    )
+}
+
+/// The length an answer has when nothing stops it earlier (its first draw).
+fn natural_len(rng: &mut SplitMix, min_len: u32, max_len: u32) -> u32 {
+    let span = u64::from(max_len.saturating_sub(min_len)) + 1;
+    min_len + rng.below(span) as u32
 }
 
 /// A planned answer: the words, why it ends, and the prompt it answers.
@@ -246,6 +311,91 @@ impl Plan {
         max_len: u32,
         need_ids: bool,
     ) -> Plan {
+        if let Some(plan) =
+            Plan::continuing(seed, model, prompt, max_tokens, min_len, max_len, need_ids)
+        {
+            return plan;
+        }
+        Plan::fresh(seed, model, prompt, max_tokens, min_len, max_len, need_ids)
+    }
+
+    /// A prompt that ends with the beginning of its own answer (an open assistant message, or
+    /// a completions prompt with the text so far appended) is continued where that answer
+    /// stands, as a model decoding deterministically continues its own output: the words
+    /// after the ones already there, `max_tokens` counting only the new ones. The answer is
+    /// the one planned for the prompt without those words; the longest such beginning wins.
+    fn continuing(
+        seed: u64,
+        model: &str,
+        prompt: &str,
+        max_tokens: Option<u32>,
+        min_len: u32,
+        max_len: u32,
+        need_ids: bool,
+    ) -> Option<Plan> {
+        let tail = trailing_words(prompt);
+        if tail.is_empty() {
+            return None;
+        }
+        // The prompt's hash at each place the answer could begin, in one pass.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut at = 0;
+        let mut hashes = Vec::with_capacity(tail.len());
+        for (cut, _) in &tail {
+            for b in &prompt.as_bytes()[at..*cut] {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+            at = *cut;
+            hashes.push(h);
+        }
+        for (start, hash) in hashes.into_iter().enumerate() {
+            let given = &tail[start..];
+            let mut rng = answer_rng(seed, model, hash);
+            let natural = natural_len(&mut rng, min_len, max_len) as usize;
+            if natural < given.len() {
+                continue;
+            }
+            let mut next = || rng.below(WORDS.len() as u64) as u16;
+            if !given.iter().all(|(_, w)| next() == *w) {
+                continue;
+            }
+            let rest = natural - given.len();
+            let (len, finish) = match max_tokens {
+                Some(m) if (m as usize) < rest => (m as usize, Finish::Length),
+                _ => (rest, Finish::Stop),
+            };
+            let (prompt_ids, prompt_len) = Plan::prompt_ids(prompt, need_ids);
+            return Some(Plan {
+                words: (0..len).map(|_| next()).collect(),
+                finish,
+                prompt_ids,
+                prompt_len,
+            });
+        }
+        None
+    }
+
+    fn prompt_ids(prompt: &str, need_ids: bool) -> (Vec<u32>, u32) {
+        if need_ids {
+            let ids = tokenize(prompt);
+            let n = ids.len() as u32;
+            (ids, n)
+        } else {
+            (Vec::new(), count_tokens(prompt) as u32)
+        }
+    }
+
+    /// The answer to `prompt` as a new answer.
+    fn fresh(
+        seed: u64,
+        model: &str,
+        prompt: &str,
+        max_tokens: Option<u32>,
+        min_len: u32,
+        max_len: u32,
+        need_ids: bool,
+    ) -> Plan {
         let (prompt_ids, prompt_len) = if need_ids {
             let ids = tokenize(prompt);
             let n = ids.len() as u32;
@@ -253,13 +403,8 @@ impl Plan {
         } else {
             (Vec::new(), count_tokens(prompt) as u32)
         };
-        let mut rng = SplitMix::new(
-            seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-                ^ fnv1a(model.as_bytes()).rotate_left(17)
-                ^ fnv1a(prompt.as_bytes()),
-        );
-        let span = u64::from(max_len.saturating_sub(min_len)) + 1;
-        let natural = min_len + rng.below(span) as u32;
+        let mut rng = answer_rng(seed, model, fnv1a(prompt.as_bytes()));
+        let natural = natural_len(&mut rng, min_len, max_len);
         let (len, finish) = match max_tokens {
             Some(m) if m < natural => (m, Finish::Length),
             _ => (natural, Finish::Stop),
@@ -352,6 +497,35 @@ mod tests {
         let c = Plan::new(2, "m", "x", None, 4, 40, false);
         assert_eq!(a.words, b.words);
         assert_ne!(a.words, c.words);
+    }
+
+    #[test]
+    fn a_prompt_ending_in_its_own_answer_continues_it() {
+        let prompt = render_chat([("user", "tell me".to_string())].into_iter());
+        let whole = Plan::new(3, "m", &prompt, None, 20, 40, false);
+        let text = whole.text(0, whole.words.len());
+        for k in [1, 5, whole.words.len() - 1, whole.words.len()] {
+            let partial = whole.text(0, k);
+            let open = render_chat_with(
+                [
+                    ("user", "tell me".to_string()),
+                    ("assistant", partial.clone()),
+                ]
+                .into_iter(),
+                Render::ContinueLast,
+            );
+            assert_eq!(open, format!("{prompt}{partial}"));
+            let rest = Plan::new(3, "m", &open, None, 20, 40, true);
+            assert_eq!(format!("{partial}{}", rest.text(0, 99)), text, "after {k}");
+            assert_eq!(rest.finish, Finish::Stop);
+            assert_eq!(rest.prompt_len as usize, count_tokens(&open));
+            // max_tokens counts only the new words
+            let capped = Plan::new(3, "m", &open, Some(2), 20, 40, false);
+            let expect = (whole.words.len() - k).min(2);
+            assert_eq!(capped.words[..], whole.words[k..k + expect]);
+        }
+        let plain = render_chat_with([("user", "x".to_string())].into_iter(), Render::Plain);
+        assert_eq!(plain, "<|user|>\nx\n");
     }
 
     #[test]

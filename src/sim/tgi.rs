@@ -449,9 +449,14 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         if r.messages.is_none() {
             return missing_field(&body, "messages");
         }
+        // TGI: `continue_final_message` leaves the last message open (no generation prompt)
+        let form = match r.continue_final_message {
+            Some(true) => text::Render::ContinueLast,
+            _ => text::Render::Answer,
+        };
         (
             r.model.clone(),
-            r.prompt(),
+            r.render(form),
             r.max_tokens.or(r.max_completion_tokens),
             StreamOptions::flags(r.stream, &r.stream_options),
             r.seed,

@@ -419,7 +419,10 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         Ok(x) => x,
         Err(resp) => return resp,
     };
-    let prompt = r.prompt();
+    let prompt = match chat_form(&r) {
+        Ok(form) => r.render(form),
+        Err(resp) => return resp,
+    };
     let prompt_tokens = text::count_tokens(&prompt) as u32;
     let cap = match max_tokens(sim, r.max_completion_tokens.or(r.max_tokens), prompt_tokens) {
         Ok(c) => c,
@@ -444,6 +447,24 @@ impl Cap {
             max,
             ignore_eos: ignore_eos.unwrap_or(false),
         }
+    }
+}
+
+/// The template form a chat request asks for: `add_generation_prompt` (default true) appends
+/// the assistant header, `continue_final_message` leaves the last message open for the model
+/// to continue; both at once is vLLM's 400 (its request validator).
+fn chat_form(r: &ChatRequest) -> Result<text::Render, Response<SimBody>> {
+    let continues = r.continue_final_message.unwrap_or(false);
+    match (continues, r.add_generation_prompt.unwrap_or(true)) {
+        (true, true) => Err(error(
+            StatusCode::BAD_REQUEST,
+            "1 validation error:\n  {'type': 'value_error', 'loc': 'body', 'msg': 'Value error, Cannot set both `continue_final_message` and `add_generation_prompt` to True.'}",
+            "Bad Request",
+            None,
+        )),
+        (true, false) => Ok(text::Render::ContinueLast),
+        (false, true) => Ok(text::Render::Answer),
+        (false, false) => Ok(text::Render::Plain),
     }
 }
 

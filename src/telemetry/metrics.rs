@@ -40,6 +40,9 @@ pub const HANG_SIGNALS_TOTAL: &str = "sluice_hang_signals_total";
 /// Copies of a request sent to a second backend at its hang deadline (`[routing] hedge`), by
 /// `model`.
 pub const HEDGES_TOTAL: &str = "sluice_hedges_total";
+/// Broken streams whose continuation on another backend was tried, by the `backend` whose
+/// stream broke and `outcome` (continued|failed).
+pub const STREAM_CONTINUATIONS_TOTAL: &str = "sluice_stream_continuations_total";
 pub const PANICS_TOTAL: &str = "sluice_panics_total";
 /// Active health probes by `backend` and `result` (ok|busy|refused|unhealthy).
 pub const PROBES_TOTAL: &str = "sluice_backend_probes_total";

@@ -56,3 +56,4 @@ mod tenants_limits;
 mod tenants_secrets;
 mod zero_context;
 mod zero_rescue;
+mod zero_resume;

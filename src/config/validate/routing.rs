@@ -45,5 +45,6 @@ pub(super) fn routing(p: &mut Problems, r: &RoutingSection) -> RoutingConfig {
             Duration::from_millis(250),
         ),
         hedge: r.hedge.unwrap_or(false),
+        continue_streams: r.continue_streams.unwrap_or(true),
     }
 }

@@ -53,6 +53,9 @@ pub enum Misbehaviour {
     ShortLength,
     /// Not broken: a good stream whose events are split across chunks at odd places.
     SplitGood,
+    /// Two good events, then the engine's error event and `[DONE]` (an engine that failed
+    /// mid-answer, as vLLM reports it).
+    SseErrorEvent,
 }
 
 /// One step of an answer. A failed write ends the answer.
@@ -198,6 +201,17 @@ fn script(how: Misbehaviour) -> Vec<Step> {
             Write([head(SSE), chunk(event)].concat()),
             Write(b"400\r\ndata: {\"id\":".to_vec()),
         ],
+        M::SseErrorEvent => vec![Write(
+            [
+                head(SSE),
+                chunk(event),
+                chunk(event),
+                chunk(b"data: {\"error\":{\"message\":\"EngineCore encountered an issue.\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\n"),
+                chunk(b"data: [DONE]\n\n"),
+                LAST_CHUNK.to_vec(),
+            ]
+            .concat(),
+        )],
         M::EndEarly => vec![Write(
             [head(SSE), chunk(event), chunk(event), LAST_CHUNK.to_vec()].concat(),
         )],
