@@ -42,7 +42,6 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 
 use crate::api::{BodyForm, ClientApi, Edits, Pin};
 use crate::auth::Identity;
@@ -58,6 +57,7 @@ use crate::routing::RouteInput;
 use crate::settle::Settle;
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
+use crate::upstream::Body as Incoming;
 use crate::upstream::{self as forward, retry_after, retryable_status, AttemptError};
 use observe::ObservedStream;
 

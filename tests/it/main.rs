@@ -45,3 +45,4 @@ mod sim_vllm;
 mod sim_vllm_surface;
 mod tenants_limits;
 mod tenants_secrets;
+mod upstream_h1;
