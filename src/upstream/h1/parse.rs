@@ -377,7 +377,8 @@ fn find_crlf(buf: &[u8]) -> Option<usize> {
 /// extensions, CRLF), consuming it. `None`: the line is not complete yet.
 fn chunk_size(buf: &mut BytesMut) -> Result<Option<u64>, ParseError> {
     let Some(end) = find_crlf(buf) else {
-        if buf.len() > MAX_CHUNK_LINE {
+        // + 1: the line's CR may be here without its LF.
+        if buf.len() > MAX_CHUNK_LINE + 1 {
             return Err(ParseError::ChunkSize);
         }
         // A bare LF or a non-hex byte where the size belongs is an error at once.
