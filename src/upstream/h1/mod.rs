@@ -92,7 +92,7 @@ pub async fn send(pool: &Arc<Pool>, req: Request<Bytes>) -> Result<Response<Body
         &body,
     );
     let head_request = parts.method == Method::HEAD;
-    let mut conn = match pool.checkout(&target.authority) {
+    let mut conn = match pool.checkout(target.authority) {
         Some(c) => c,
         None => connect(&target, pool.settings()).await?,
     };
@@ -108,37 +108,31 @@ pub async fn send(pool: &Arc<Pool>, req: Request<Bytes>) -> Result<Response<Body
 }
 
 /// Where a request goes: host and port to connect to, the authority as the pool's key.
-struct Addr {
-    host: String,
+struct Addr<'a> {
+    host: &'a str,
     port: u16,
-    authority: String,
+    authority: &'a str,
 }
 
-impl Addr {
-    fn of(uri: &Uri) -> Result<Addr, Error> {
-        if uri.scheme_str() != Some("http") {
+impl<'a> Addr<'a> {
+    fn of(uri: &'a Uri) -> Result<Addr<'a>, Error> {
+        let (Some("http"), Some(authority), Some(host)) =
+            (uri.scheme_str(), uri.authority(), uri.host())
+        else {
             return Err(Error::Url(uri.to_string()));
-        }
-        let host = uri.host().ok_or_else(|| Error::Url(uri.to_string()))?;
-        let port = uri.port_u16().unwrap_or(80);
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        };
         Ok(Addr {
-            host: bare.to_string(),
-            port,
-            authority: uri
-                .authority()
-                .map_or_else(|| host.to_string(), |a| a.as_str().to_string()),
+            host: host.trim_start_matches('[').trim_end_matches(']'),
+            port: uri.port_u16().unwrap_or(80),
+            authority: authority.as_str(),
         })
     }
 }
 
-async fn connect(to: &Addr, s: Settings) -> Result<Conn, Error> {
+async fn connect(to: &Addr<'_>, s: Settings) -> Result<Conn, Error> {
     let name = || format!("{}:{}", to.host, to.port);
-    let io = match tokio::time::timeout(
-        s.connect_timeout,
-        TcpStream::connect((to.host.as_str(), to.port)),
-    )
-    .await
+    let io = match tokio::time::timeout(s.connect_timeout, TcpStream::connect((to.host, to.port)))
+        .await
     {
         Err(_) => return Err(Error::ConnectTimeout(name())),
         Ok(Err(source)) => {
@@ -152,7 +146,7 @@ async fn connect(to: &Addr, s: Settings) -> Result<Conn, Error> {
     io.set_nodelay(true)?;
     let ka = socket2::TcpKeepalive::new().with_time(s.tcp_keepalive);
     socket2::SockRef::from(&io).set_tcp_keepalive(&ka)?;
-    Ok(Conn::new(io, to.authority.clone()))
+    Ok(Conn::new(io, to.authority.to_string()))
 }
 
 /// The request line and fields. `Host` from the URL unless given; the body's length always
@@ -286,9 +280,8 @@ mod tests {
         let p = pool();
         assert_eq!(get(&p, &url).await.unwrap(), 200);
         // The idle connection passes the liveness check but can no longer be written to.
-        let conn = p
-            .checkout(&Addr::of(&url.parse().unwrap()).unwrap().authority)
-            .unwrap();
+        let uri: Uri = url.parse().unwrap();
+        let conn = p.checkout(Addr::of(&uri).unwrap().authority).unwrap();
         socket2::SockRef::from(&conn.io)
             .shutdown(std::net::Shutdown::Write)
             .unwrap();
@@ -329,11 +322,10 @@ mod tests {
             &Bytes::new(),
         );
         assert!(!String::from_utf8(get).unwrap().contains("content-length"));
-        assert!(Addr::of(&"https://b/".parse().unwrap()).is_err());
-        let v6 = Addr::of(&"http://[::1]:9/".parse().unwrap()).unwrap();
-        assert_eq!(
-            (v6.host.as_str(), v6.port, v6.authority.as_str()),
-            ("::1", 9, "[::1]:9")
-        );
+        let https: Uri = "https://b/".parse().unwrap();
+        assert!(Addr::of(&https).is_err());
+        let v6: Uri = "http://[::1]:9/".parse().unwrap();
+        let v6 = Addr::of(&v6).unwrap();
+        assert_eq!((v6.host, v6.port, v6.authority), ("::1", 9, "[::1]:9"));
     }
 }

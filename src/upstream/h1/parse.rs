@@ -610,6 +610,101 @@ mod tests {
         assert_eq!(err(&trailers), Some(ParseError::Trailers));
     }
 
+    /// Head, body bytes and end of a response fed in `pieces` (the fuzz target's property,
+    /// here over random responses built from fragments, so a plain test run checks it too).
+    fn read(pieces: &[&[u8]], head_request: bool) -> String {
+        let mut buf = BytesMut::new();
+        let mut rest = pieces.iter();
+        let head = loop {
+            match parse_head(&buf, head_request) {
+                Err(e) => return format!("head error {e:?}"),
+                Ok(Some((h, n))) => {
+                    buf.advance(n);
+                    if !h.is_informational() {
+                        break h;
+                    }
+                }
+                Ok(None) => match rest.next() {
+                    Some(p) => buf.extend_from_slice(p),
+                    None => return "no head".into(),
+                },
+            }
+        };
+        let mut d = Decoder::new(head.framing);
+        let mut body = Vec::new();
+        let end = loop {
+            match d.decode(&mut buf) {
+                Err(e) => break format!("{e:?}"),
+                Ok(Decoded::Data(b)) => body.extend_from_slice(&b),
+                Ok(Decoded::End) => break "end".into(),
+                Ok(Decoded::More) => match rest.next() {
+                    Some(p) => buf.extend_from_slice(p),
+                    None => break format!("eof complete={}", d.at_eof()),
+                },
+            }
+        };
+        format!(
+            "{} {:?} {} {body:?} {end}",
+            head.status, head.framing, head.keep_alive
+        )
+    }
+
+    #[test]
+    fn any_split_reads_the_same_response() {
+        let fragments: [&[u8]; 14] = [
+            b"HTTP/1.1 200 OK\r\n",
+            b"HTTP/1.1 100 Continue\r\n\r\n",
+            b"HTTP/1.0 204 No Content\r\n",
+            b"content-length: 5\r\n",
+            b"transfer-encoding: chunked\r\n",
+            b"connection: close\r\n",
+            b"\r\n",
+            b"5\r\nhello\r\n",
+            b"0\r\n\r\n",
+            b"3;x=1\r\nabc\r\n",
+            b"x-t: 1\r\n",
+            b"fffffffffffffffff\r\n",
+            b"\n",
+            b"hello",
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for _ in 0..3000 {
+            let input: Vec<u8> = (0..1 + next(9))
+                .flat_map(|_| fragments[next(14)].to_vec())
+                .collect();
+            let head_request = next(2) == 1;
+            let whole = read(&[&input], head_request);
+            let mut cuts: Vec<usize> = (0..next(6)).map(|_| next(input.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for c in cuts {
+                pieces.push(&input[from..c]);
+                from = c;
+            }
+            pieces.push(&input[from..]);
+            assert_eq!(
+                read(&pieces, head_request),
+                whole,
+                "{:?}",
+                String::from_utf8_lossy(&input)
+            );
+            let bytes: Vec<&[u8]> = input.chunks(1).collect();
+            assert_eq!(
+                read(&bytes, head_request),
+                whole,
+                "{:?}",
+                String::from_utf8_lossy(&input)
+            );
+        }
+    }
+
     #[test]
     fn length_and_close_bodies() {
         assert_eq!(
