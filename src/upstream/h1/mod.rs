@@ -143,6 +143,7 @@ async fn connect(to: &Addr<'_>, s: Settings) -> Result<Conn, Error> {
         }
         Ok(Ok(io)) => io,
     };
+    tracing::debug!(backend = to.authority, "new backend connection");
     io.set_nodelay(true)?;
     let ka = socket2::TcpKeepalive::new().with_time(s.tcp_keepalive);
     socket2::SockRef::from(&io).set_tcp_keepalive(&ka)?;

@@ -55,6 +55,7 @@ impl Pool {
                 conn.reused = true;
                 return Some(conn);
             }
+            tracing::debug!(backend = authority, "idle connection closed by the backend");
         }
         None
     }
