@@ -87,7 +87,7 @@ pub async fn send(pool: &Arc<Pool>, req: Request<Bytes>) -> Result<Response<Body
     let head = encode_head(
         &parts.method,
         &parts.uri,
-        &target.authority,
+        target.authority,
         &parts.headers,
         &body,
     );
