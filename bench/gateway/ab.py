@@ -3,19 +3,26 @@
 
 Machines here are noisy, so a change to the data path is judged against the build before it in
 the same run, never against figures from another day. Both builds serve the realistic "full"
-configuration of bench.py (API keys, limits, token-aware routing) in front of the same two
-zero-delay simulators; nginx in front of the same simulators is the yardstick. Each round loads
-every target in turn: saturation (wrk -c64, CPU per 10k requests), concurrency 1 (p50/p99), and a
-fixed rate (oha, latency corrected for coordinated omission) at 30% of the slower build's
-saturation in the first round. The best round per target is reported, with every round in the
-JSON so the spread is visible.
+configuration of bench.py (API keys, limits, token-aware routing; targets `a`, `b`) and the bare
+one (round-robin, no key; `a-bare`, `b-bare`) in front of the same two zero-delay simulators;
+nginx in front of the same simulators is the yardstick. Each round loads every target in turn:
+saturation (wrk -c64, CPU per 10k requests), concurrency 1 (p50/p99), and a fixed rate (oha,
+latency corrected for coordinated omission) at 30% of the slower build's saturation in the first
+round. The best round per target is reported, with every round in the JSON so the spread is
+visible.
+
+With --streams N (N > 0), the streaming checks of bench.py follow for nginx and both builds:
+gap fidelity and time to first byte on a sim decoding a token per 10 ms (direct as the
+reference), then N concurrent streams held on a sim sending a token per second, with the RSS
+per held stream and the idle RSS of a fresh gateway of each build.
 
 Usage:
-  python3 bench/gateway/ab.py --a OLD_BINARY --b NEW_BINARY [--rounds 4] [--seconds 6]
+  python3 bench/gateway/ab.py --a OLD_BINARY --b NEW_BINARY [--rounds 4] [--seconds 6] [--streams 10000]
   python3 bench/gateway/ab.py --smoke --a BIN --b BIN     # seconds; keeps the harness working
 """
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -23,8 +30,8 @@ import sys
 import tempfile
 import time
 
-from bench import (BENCH_KEY, ROOT, SMALL_BODY, Procs, cpu_seconds, fixed_rate, raise_nofile, sim,
-                   start_nginx, start_sluice, wrk)
+from bench import (BENCH_KEY, ROOT, SMALL_BODY, Procs, cpu_seconds, fixed_rate, hold_streams, pct,
+                   raise_nofile, rss_mb, sim, start_nginx, start_sluice, stream_gaps, wrk)
 
 
 def shown(path):
@@ -68,12 +75,49 @@ def summary(rounds):
     return s
 
 
+def streaming(procs, a, b, n, toks):
+    """Gap fidelity and TTFB: direct, nginx, a, b on one 10 ms-per-token sim."""
+    sp = sim(procs, b, ["--speed", "1", "--decode-base-us", "10000", "--decode-per-seq-us", "0",
+                        "--prefill-us-per-token", "1", "--min-output-tokens", "1000", "--max-output-tokens", "2000"])
+    auth = {"Authorization": f"Bearer {BENCH_KEY}"}
+    ports = [("direct", sp, {}), ("nginx", start_nginx(procs, [sp], tempfile.mkdtemp(prefix="sluice-ab-sn-"))[0], {})]
+    for name, binary in (("a", a), ("b", b)):
+        port, _ = start_sluice(procs, binary, [sp], True, tempfile.mkdtemp(prefix=f"sluice-ab-s{name}-"))
+        ports.append((name, port, auth))
+    out = {}
+    for name, port, hdr in ports:
+        ttfb, gaps = asyncio.run(stream_gaps(port, hdr, n, toks))
+        out[name] = {"ttfb_p50_ms": round(pct(ttfb, 0.5), 3),
+                     "gap_p50_ms": round(pct(gaps, 0.5), 3), "gap_p99_ms": round(pct(gaps, 0.99), 3),
+                     "gaps_within_1ms_of_10ms": round(sum(1 for g in gaps if abs(g - 10) <= 1) / max(1, len(gaps)), 3)}
+    return out
+
+
+def held(procs, a, b, n):
+    """n concurrent streams through nginx, a and b in turn (a fresh gateway each, one slow sim)."""
+    hold = sim(procs, b, ["--speed", "1", "--decode-base-us", "1000000", "--decode-per-seq-us", "0",
+                          "--max-num-seqs", "100000", "--kv-capacity-tokens", "1000000000",
+                          "--min-output-tokens", "1000", "--max-output-tokens", "2000"])
+    auth = {"Authorization": f"Bearer {BENCH_KEY}"}
+    port, proc = start_nginx(procs, [hold], tempfile.mkdtemp(prefix="sluice-ab-hn-"))
+    out = {"nginx": asyncio.run(hold_streams(port, {}, n, proc.pid))}
+    for name, binary in (("a", a), ("b", b)):
+        port, proc = start_sluice(procs, binary, [hold], True, tempfile.mkdtemp(prefix=f"sluice-ab-h{name}-"))
+        idle = rss_mb(proc.pid)
+        out[name] = asyncio.run(hold_streams(port, auth, n, proc.pid))
+        out[name]["fresh_idle_rss_mb"] = round(idle, 1)
+        proc.terminate()
+        proc.wait()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--a", required=True, help="the build before the change")
     ap.add_argument("--b", required=True, help="the build with the change")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=int, default=6)
+    ap.add_argument("--streams", type=int, default=0, help="held streams after the rounds (0: none)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     for tool in ("wrk", "nginx", "oha"):
@@ -89,8 +133,11 @@ def main():
         nginx_port, nginx_proc = start_nginx(procs, sims, tmp)
         a_port, a_proc = start_sluice(procs, args.a, sims, True, tempfile.mkdtemp(prefix="sluice-ab-a-"))
         b_port, b_proc = start_sluice(procs, args.b, sims, True, tempfile.mkdtemp(prefix="sluice-ab-b-"))
+        ab_port, ab_proc = start_sluice(procs, args.a, sims, False, tempfile.mkdtemp(prefix="sluice-ab-ab-"))
+        bb_port, bb_proc = start_sluice(procs, args.b, sims, False, tempfile.mkdtemp(prefix="sluice-ab-bb-"))
         auth = {"Authorization": f"Bearer {BENCH_KEY}"}
-        targets = {"nginx": (nginx_port, {}, nginx_proc), "a": (a_port, auth, a_proc), "b": (b_port, auth, b_proc)}
+        targets = {"nginx": (nginx_port, {}, nginx_proc), "a": (a_port, auth, a_proc), "b": (b_port, auth, b_proc),
+                   "a-bare": (ab_port, {}, ab_proc), "b-bare": (bb_port, {}, bb_proc)}
         body = os.path.join(tmp, "small.json")
         with open(body, "w") as f:
             f.write(SMALL_BODY)
@@ -100,27 +147,44 @@ def main():
         results["rounds"].append(first)
         for _ in range(rounds):
             results["rounds"].append(round_of(targets, secs, body, rate))
+        for p in (a_proc, b_proc, ab_proc, bb_proc):
+            p.terminate()
+            p.wait()
+        n_streams = 200 if args.smoke else args.streams
+        if n_streams:
+            results["streaming"] = streaming(procs, args.a, args.b, *((2, 20) if args.smoke else (10, 100)))
+            results["held_streams"] = held(procs, args.a, args.b, n_streams)
     finally:
         procs.stop()
 
     s = summary(results["rounds"])
     results["summary"] = s
+    ng = s["nginx"]
     results["ratios"] = {"rps_b_over_a": round(s["b"]["rps"] / s["a"]["rps"], 3),
                          "cpu_b_over_a": round(s["b"]["cpu_s_per_10k"] / max(1e-9, s["a"]["cpu_s_per_10k"]), 3),
-                         "a_over_nginx": round(s["a"]["rps"] / s["nginx"]["rps"], 3),
-                         "b_over_nginx": round(s["b"]["rps"] / s["nginx"]["rps"], 3)}
+                         **{f"{t}_over_nginx": round(s[t]["rps"] / ng["rps"], 3)
+                            for t in ("a", "b", "a-bare", "b-bare")},
+                         **{f"{t}_cpu_over_nginx": round(s[t]["cpu_s_per_10k"] / max(1e-9, ng["cpu_s_per_10k"]), 3)
+                            for t in ("a", "b", "a-bare", "b-bare")}}
     print(f"\n{'target':<7} {'sat rps':>9} {'cpu s/10k':>10} {'c1 p50 ms':>10} {'c1 p99 ms':>10} "
           f"{'p99 @' + str(results.get('fixed_rate', '')) + '/s':>12} {'errors':>7}")
     for n, v in s.items():
         print(f"{n:<7} {v['rps']:>9.0f} {v['cpu_s_per_10k']:>10.3f} {v['c1_p50_ms']:>10.3f} "
               f"{v['c1_p99_ms']:>10.3f} {v['fixed_p99_ms']:>12.3f} {v['errors']:>7}")
     print("ratios:", json.dumps(results["ratios"]))
+    for name, v in results.get("streaming", {}).items():
+        print(f"stream {name:<7} ttfb p50 {v['ttfb_p50_ms']:.3f} ms, gaps p50/p99 {v['gap_p50_ms']:.3f}/"
+              f"{v['gap_p99_ms']:.3f} ms, within 1 ms of 10 ms {v['gaps_within_1ms_of_10ms']:.3f}")
+    for name, v in results.get("held_streams", {}).items():
+        print(f"held {name:<7} {v['held']}/{v['streams']} held, idle {v['idle_rss_mb']} MB, with streams "
+              f"{v['rss_mb']} MB, {v['kb_per_stream']} KB per stream, errors {v['error_kinds']}")
     out_dir = os.path.join(ROOT, "bench", "results")
     os.makedirs(out_dir, exist_ok=True)
     name = "ab-smoke.json" if args.smoke else f"ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
     with open(os.path.join(out_dir, name), "w") as f:
         json.dump(results, f, indent=1)
-    errors = sum(v["errors"] for v in s.values())
+    errors = sum(v["errors"] for v in s.values()) + sum(
+        v["errors"] for v in results.get("held_streams", {}).values())
     if args.smoke and errors:
         sys.exit(f"smoke run saw {errors} errors")
 

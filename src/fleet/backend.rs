@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{header, Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 
 use super::load::LoadCounters;
 use super::signals::Signals;
 use super::speed::Speeds;
 use crate::config::{BackendConfig, BackendKind, HealthConfig};
-use crate::upstream::{BackendTls, Pools, Target};
+use crate::upstream::{BackendTls, Pools, Target, ThreadClient};
 pub use crate::upstream::{HttpClient, HttpsConnector};
 
 /// Why a gateway-side call to a backend ([`Backend::call`]) brought no whole answer.
@@ -529,7 +529,7 @@ impl Backend {
 
     /// The HTTP client for this thread: a serving thread's own pool (see [`Pools::client`]),
     /// the control runtime's pool elsewhere.
-    pub fn client(&self) -> &HttpClient {
+    pub fn client(&self) -> &ThreadClient {
         self.pools.client()
     }
 
@@ -558,7 +558,7 @@ impl Backend {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
         let req = req
-            .body(Full::new(body.unwrap_or_default()))
+            .body(body.unwrap_or_default())
             .map_err(|e| CallError::Request(e.to_string()))?;
         let resp = self
             .client()
@@ -661,7 +661,7 @@ impl Target for Backend {
         Backend::url_for(self, path)
     }
 
-    fn client(&self) -> &HttpClient {
+    fn client(&self) -> &ThreadClient {
         Backend::client(self)
     }
 }
@@ -814,7 +814,7 @@ mod tests {
             &["m"],
             &[],
         ));
-        let pool = |b: &Backend| b.client() as *const HttpClient as usize;
+        let pool = |b: &Backend| b.client() as *const ThreadClient as usize;
         let control = pool(&b);
         assert_eq!(control, pool(&b), "one pool per thread, kept");
         let on_shard = |i: usize| {

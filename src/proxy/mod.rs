@@ -50,7 +50,6 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 
 use crate::api::translate::{Reply, Translation};
 use crate::api::{BodyForm, ClientApi, Edits, Pin};
@@ -67,6 +66,7 @@ use crate::routing::RouteInput;
 use crate::settle::{Outcome, Settle, SettleHook};
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
+use crate::upstream::Body as Incoming;
 use crate::upstream::{retry_after, retryable_status, AttemptError};
 use observe::ObservedStream;
 

@@ -31,7 +31,6 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use memchr::memmem;
 use tokio::time::Sleep;
 
@@ -46,6 +45,7 @@ pub use crate::openai::usage::Usage;
 use crate::openai::ApiError;
 pub use crate::settle::{Outcome, Settle, SettleHook};
 use crate::telemetry::metrics as m;
+use crate::upstream::Body as Incoming;
 
 /// A settlement hook that feeds what a finished request taught: the backend's speed EWMAs
 /// (TTFT, prefill and decode speed, from the moment it was sent there) and the model's output

@@ -249,7 +249,7 @@ fn model_field(body: &[u8], field: &str) -> Result<(String, std::ops::Range<usiz
 
 /// The backend that answered, with what the response needs.
 struct Answered {
-    resp: http::Response<hyper::body::Incoming>,
+    resp: http::Response<crate::upstream::Body>,
     backend: Arc<Backend>,
     claimed: Claimed,
     deadline: tokio::time::Instant,
@@ -319,19 +319,19 @@ pin_project_lite::pin_project! {
     /// dropped.
     struct Relay {
         #[pin]
-        body: hyper::body::Incoming,
+        body: crate::upstream::Body,
         settle: Settle,
     }
 }
 
 impl http_body::Body for Relay {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = crate::upstream::ClientError;
 
     fn poll_frame(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         let this = self.project();
         let polled = this.body.poll_frame(cx);
         match &polled {

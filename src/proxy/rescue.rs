@@ -25,8 +25,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::upstream::Body as Incoming;
 use http::header;
-use hyper::body::Incoming;
 
 use super::{headers, rewrite, Answer, Claimed, Prepared};
 use crate::api::translate::{self, Reply};

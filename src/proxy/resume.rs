@@ -29,9 +29,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::upstream::Body as Incoming;
 use bytes::Bytes;
 use http::HeaderMap;
-use hyper::body::Incoming;
 
 use crate::api::continuation::{Continuation, Transcript};
 use crate::api::{ClientApi, Edits};

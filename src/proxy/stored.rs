@@ -16,12 +16,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::upstream::Body as Incoming;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 
 use super::observe::Redactor;
 use super::sse::{event_data_borrowed, lines, SseScanner};

@@ -1,20 +1,24 @@
 //! One backend's HTTP client: a connection pool per serving thread, over the TLS client
-//! configuration of the fleet the backend belongs to.
+//! configuration of the fleet the backend belongs to. Plain-http backends go through the
+//! purpose-built HTTP/1.1 client ([`super::h1`]), TLS backends through hyper's.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::Request;
 use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::body::{Body, ClientError, UpstreamResponse};
+use super::h1;
 use crate::config::BackendTlsConfig;
 
 pub type HttpsConnector = hyper_rustls::HttpsConnector<HttpConnector>;
-/// The upstream client: one per backend and serving thread (see [`Pools`]), so each has its
-/// own pool and connect timeout.
+/// hyper's client, for TLS backends: one per backend and serving thread (see [`Pools`]), so
+/// each has its own pool and connect timeout.
 pub type HttpClient = Client<HttpsConnector, Full<Bytes>>;
 
 /// The rustls client configuration of one fleet's backends, with the `[backend_tls]` settings
@@ -85,7 +89,7 @@ impl BackendTls {
 /// one per serving thread, each made on first use.
 #[derive(Debug)]
 pub struct Pools {
-    pools: Box<[OnceLock<HttpClient>]>,
+    pools: Box<[OnceLock<ThreadClient>]>,
     tls: Arc<rustls::ClientConfig>,
     connect_timeout: Duration,
 }
@@ -110,13 +114,59 @@ impl Pools {
     /// requests use are driven by that thread and no request wakes another; the control
     /// runtime's pool elsewhere. Serving threads beyond the cores (`[server] threads` above
     /// them) share pools, which is correct, only less local.
-    pub fn client(&self) -> &HttpClient {
+    pub fn client(&self) -> &ThreadClient {
         let n = self.pools.len();
         let i = match crate::rt::current() {
             0 => 0,
             s => 1 + (s - 1) % n.saturating_sub(1).max(1),
         };
-        self.pools[i.min(n - 1)].get_or_init(|| build_client(&self.tls, self.connect_timeout))
+        self.pools[i.min(n - 1)].get_or_init(|| ThreadClient {
+            lean: Arc::new(h1::Pool::new(h1_settings(self.connect_timeout))),
+            hyper: OnceLock::new(),
+            tls: self.tls.clone(),
+            connect_timeout: self.connect_timeout,
+        })
+    }
+}
+
+/// One backend's client on one thread: the plain-http pool, and hyper's client for TLS made
+/// on first use.
+#[derive(Debug)]
+pub struct ThreadClient {
+    lean: Arc<h1::Pool>,
+    hyper: OnceLock<HttpClient>,
+    tls: Arc<rustls::ClientConfig>,
+    connect_timeout: Duration,
+}
+
+impl ThreadClient {
+    /// Send `req`; returns at the response head. `http://` goes through [`h1`], anything else
+    /// through hyper.
+    pub async fn request(&self, req: Request<Bytes>) -> Result<UpstreamResponse, ClientError> {
+        if req.uri().scheme_str() == Some("http") {
+            let resp = h1::send(&self.lean, req).await?;
+            return Ok(resp.map(Body::Lean));
+        }
+        let client = self
+            .hyper
+            .get_or_init(|| build_client(&self.tls, self.connect_timeout));
+        let resp = client.request(req.map(Full::new)).await?;
+        Ok(resp.map(Body::Hyper))
+    }
+
+    /// The plain-http pool.
+    pub fn lean(&self) -> &Arc<h1::Pool> {
+        &self.lean
+    }
+}
+
+/// The plain-http client's settings: those hyper's client had.
+fn h1_settings(connect_timeout: Duration) -> h1::Settings {
+    h1::Settings {
+        connect_timeout,
+        tcp_keepalive: Duration::from_secs(30),
+        idle_timeout: Duration::from_secs(60),
+        max_idle: 4096,
     }
 }
 

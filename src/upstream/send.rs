@@ -4,22 +4,19 @@
 //! response byte (connect error, reset, time-to-first-byte timeout) — which is always safe to
 //! retry elsewhere, because nothing has reached the client — or the caller's deadline.
 
-use std::error::Error as _;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
-use http_body_util::Full;
-use hyper::body::Incoming;
+use http::{HeaderMap, Method, Request, StatusCode, Uri};
 
-use super::HttpClient;
+use super::{ThreadClient, UpstreamResponse};
 
 /// Where an attempt goes: a backend as the upstream client sees it.
 pub trait Target {
     /// The URL of `path` (e.g. `/v1/chat/completions`) on this backend.
     fn url_for(&self, path: &str) -> Result<Uri, http::Error>;
     /// The client (connection pool) to send with from this thread.
-    fn client(&self) -> &HttpClient;
+    fn client(&self) -> &ThreadClient;
 }
 
 impl<T: Target + ?Sized> Target for std::sync::Arc<T> {
@@ -27,7 +24,7 @@ impl<T: Target + ?Sized> Target for std::sync::Arc<T> {
         (**self).url_for(path)
     }
 
-    fn client(&self) -> &HttpClient {
+    fn client(&self) -> &ThreadClient {
         (**self).client()
     }
 }
@@ -69,7 +66,7 @@ pub async fn send<T: Target + ?Sized>(
     headers: HeaderMap,
     body: Bytes,
     timeout: Duration,
-) -> Result<Response<Incoming>, AttemptError> {
+) -> Result<UpstreamResponse, AttemptError> {
     send_method(backend, Method::POST, path, headers, body, timeout).await
 }
 
@@ -81,14 +78,14 @@ pub async fn send_method<T: Target + ?Sized>(
     headers: HeaderMap,
     body: Bytes,
     timeout: Duration,
-) -> Result<Response<Incoming>, AttemptError> {
+) -> Result<UpstreamResponse, AttemptError> {
     let uri = backend
         .url_for(path)
         .map_err(|e| AttemptError::Build(e.to_string()))?;
     let mut req = Request::builder()
         .method(method)
         .uri(uri)
-        .body(Full::new(body))
+        .body(body)
         .map_err(|e| AttemptError::Build(e.to_string()))?;
     *req.headers_mut() = headers;
     match tokio::time::timeout(timeout, backend.client().request(req)).await {
@@ -106,7 +103,7 @@ pub async fn send_method<T: Target + ?Sized>(
 }
 
 /// A readable one-line description of a client error, with its root cause.
-pub fn describe_client_error(e: &hyper_util::client::legacy::Error) -> String {
+pub fn describe_client_error(e: &(dyn std::error::Error + 'static)) -> String {
     let mut msg = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
