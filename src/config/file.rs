@@ -180,8 +180,15 @@ pub struct ServerSection {
     /// connection is closed at once.
     pub max_connections: Option<u64>,
     /// Open connections from one client address (IPv6: one /64) at most (default 1000; 0 = no
-    /// per-address cap).
+    /// per-address cap). Loopback and `trusted_proxies` peers are exempt.
     pub max_connections_per_ip: Option<u64>,
+    /// Loopback peers (a sidecar, a local proxy) are exempt from `max_connections_per_ip`
+    /// (default true); false caps them like any address.
+    pub per_ip_exempt_loopback: Option<bool>,
+    /// CIDR ranges of the load balancers and proxies in front of the gateway (default none):
+    /// exempt from `max_connections_per_ip`, and the client of their requests is the rightmost
+    /// `X-Forwarded-For` entry that is not one of them.
+    pub trusted_proxies: Option<Vec<String>>,
     /// Longest time to receive a request head (default "30s"; slowloris). HTTP/1 waits at most
     /// this long for the next request on a kept-alive connection, too.
     pub header_read_timeout: Option<String>,

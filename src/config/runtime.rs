@@ -135,6 +135,9 @@ pub struct ServerConfig {
     /// CORS for the client API: empty = off (no `Access-Control-*` headers at all); `["*"]` =
     /// any origin; otherwise exact origins (`scheme://host[:port]`, lower-case).
     pub cors_allow_origins: Vec<String>,
+    /// Peers in these ranges are load balancers or proxies: exempt from the per-address
+    /// connection cap, and their requests' client is read from `X-Forwarded-For`.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 /// The client-facing resource bounds of a listener (`[server]`); see `crate::server`.
@@ -144,6 +147,8 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// Open connections per client address (IPv6: per /64); 0 = no per-address cap.
     pub max_connections_per_ip: usize,
+    /// Loopback peers (127.0.0.0/8, ::1) are exempt from `max_connections_per_ip`.
+    pub per_ip_exempt_loopback: bool,
     /// Longest time to receive a request head (and, HTTP/1, to wait for the next one).
     pub header_read_timeout: Duration,
     /// Longest time to receive a request body after its head.
@@ -176,6 +181,7 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             max_connections: 10_000,
             max_connections_per_ip: 1000,
+            per_ip_exempt_loopback: true,
             header_read_timeout: Duration::from_secs(30),
             body_read_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),

@@ -84,6 +84,7 @@ pub async fn handle(gw: Arc<Gateway>, api: &'static dyn ClientApi, req: Request<
     let started = Instant::now();
     let request_id = crate::telemetry::access::request_id(req.headers());
     let mut record = AccessRecord::new(request_id, api.label(), started);
+    record.client = crate::telemetry::access::client_addr(req.extensions());
     let rt = gw.runtime();
     // (the connection's service puts the request id on the response, as on every response)
     match proxy(&gw, &rt, api, req, &mut record).await {

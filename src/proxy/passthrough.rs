@@ -50,6 +50,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Body>) -> Response {
     let started = Instant::now();
     let request_id = crate::telemetry::access::request_id(req.headers());
     let mut record = AccessRecord::new(request_id, LABEL, started);
+    record.client = crate::telemetry::access::client_addr(req.extensions());
     let rt = gw.runtime();
     match forward(&gw, &rt, req, &mut record).await {
         Ok(resp) => resp,

@@ -70,6 +70,7 @@ pub async fn handle(
     let started = Instant::now();
     let request_id = crate::telemetry::access::request_id(req.headers());
     let mut record = AccessRecord::new(request_id, api.label(), started);
+    record.client = crate::telemetry::access::client_addr(req.extensions());
     let result = forward(&gw, api, call, &id, req, &mut record).await;
     let response = result.unwrap_or_else(|err| {
         record.error = Some(err.label().to_string());

@@ -4,7 +4,8 @@
 //! Invariants:
 //! - An accept error (e.g. out of file descriptors) never ends the loop, and the loop never
 //!   waits for a connection slot: over `max_connections` (per listener) or
-//!   `max_connections_per_ip` a socket is closed at once (see [`super::admission`] for why).
+//!   `max_connections_per_ip` (for the peers it applies to, [`super::peers`]) a socket is
+//!   closed at once (see [`super::admission`] for why).
 //! - The loop never waits on a client either: the TLS handshake runs in the connection's own
 //!   task ([`super::handshake`]).
 //! - On shutdown the listener closes first, then open connections are asked to finish
@@ -21,6 +22,7 @@ use tokio::sync::watch;
 use super::admission::Admission;
 use super::conn::{self, Conn};
 use super::handshake::Accepted;
+use super::peers::Peers;
 use super::{fd, shards, tls, Stage};
 use crate::config::validate::ConnectionLimits;
 
@@ -35,6 +37,8 @@ pub struct ListenerLimits {
     pub max_connections: usize,
     /// 0: no per-address cap.
     pub max_connections_per_ip: usize,
+    /// Which peers the per-address cap applies to, and who their requests' clients are.
+    pub peers: Arc<Peers>,
     pub conn: ConnectionLimits,
     /// Threads serving its connections ([`shards`]); 0: the caller's runtime serves them.
     pub shards: usize,
@@ -47,18 +51,20 @@ impl ListenerLimits {
             name: "client",
             max_connections: c.connections.max_connections,
             max_connections_per_ip: c.connections.max_connections_per_ip,
+            peers: Arc::new(Peers::of(c)),
             conn: c.connections,
             shards: c.threads.unwrap_or_else(shards::default_count),
         }
     }
 
     /// The admin listener's limits: its own `admin.max_connections`, no per-address cap, the
-    /// `[server]` timeouts and protocol bounds.
+    /// `[server]` trusted proxies, timeouts and protocol bounds.
     pub fn admin(c: &crate::Config) -> ListenerLimits {
         ListenerLimits {
             name: "admin",
             max_connections: c.admin.as_ref().map_or(256, |a| a.max_connections),
             max_connections_per_ip: 0,
+            peers: Arc::new(Peers::of(&c.server)),
             conn: c.server.connections,
             shards: 0,
         }
@@ -72,6 +78,7 @@ impl Default for ListenerLimits {
             name: "client",
             max_connections: conn.max_connections,
             max_connections_per_ip: conn.max_connections_per_ip,
+            peers: Arc::default(),
             conn,
             shards: 0,
         }
@@ -104,6 +111,7 @@ pub async fn serve_with_tls(
         limits.name,
         limits.max_connections,
         limits.max_connections_per_ip,
+        limits.peers.clone(),
     );
     let conn_limits = Arc::new(limits.conn);
     let (stage_tx, stage_rx) = watch::channel(Stage::Running);
@@ -148,6 +156,8 @@ pub async fn serve_with_tls(
             limits: conn_limits.clone(),
             listener: limits.name,
             stage: stage_rx.clone(),
+            peer: peer.ip(),
+            peers: limits.peers.clone(),
         };
         let accepted = Accepted {
             conn,

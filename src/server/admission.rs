@@ -22,11 +22,15 @@
 //! - IPv4 addresses (and IPv4-mapped IPv6) are counted one by one; IPv6 addresses by /64, the
 //!   block one subscriber usually gets, so rotating through one's own prefix does not multiply
 //!   the cap.
+//! - The per-address cap applies only to peers [`Peers::capped`] says it does: loopback (by
+//!   default) and trusted proxies stand for many clients each, so only `max_connections` bounds
+//!   them. They are counted all the same.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
+use super::peers::Peers;
 use crate::telemetry::metrics as m;
 
 /// Why a connection was refused.
@@ -61,12 +65,20 @@ pub struct Admission {
     max: usize,
     /// 0: no per-address cap.
     max_per_ip: usize,
+    /// Which peers the per-address cap applies to.
+    peers: Arc<Peers>,
     counts: Mutex<Counts>,
 }
 
 impl Admission {
-    /// Limits for the listener labelled `listener` (`client` or `admin`) in metrics.
-    pub fn new(listener: &'static str, max: usize, max_per_ip: usize) -> Arc<Admission> {
+    /// Limits for the listener labelled `listener` (`client` or `admin`) in metrics; the
+    /// per-address cap applies to the peers `peers` caps.
+    pub fn new(
+        listener: &'static str,
+        max: usize,
+        max_per_ip: usize,
+        peers: Arc<Peers>,
+    ) -> Arc<Admission> {
         metrics::gauge!(m::CONNECTIONS_OPEN, "listener" => listener).set(0.0);
         for r in [Refused::Listener, Refused::PerIp] {
             metrics::counter!(m::CONNECTIONS_REJECTED_TOTAL, "listener" => listener, "reason" => r.as_str())
@@ -76,6 +88,7 @@ impl Admission {
             listener,
             max: max.max(1),
             max_per_ip,
+            peers,
             counts: Mutex::new(Counts::default()),
         })
     }
@@ -89,13 +102,12 @@ impl Admission {
     /// `sluice_connections_rejected_total`). Never waits.
     pub fn try_admit(self: &Arc<Self>, peer: IpAddr) -> Result<ConnectionGuard, Refused> {
         let key = bucket(peer);
+        let capped = self.max_per_ip > 0 && self.peers.capped(peer);
         let refused = {
             let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
             if c.total >= self.max {
                 Some(Refused::Listener)
-            } else if self.max_per_ip > 0
-                && c.per_ip.get(&key).copied().unwrap_or(0) >= self.max_per_ip
-            {
+            } else if capped && c.per_ip.get(&key).copied().unwrap_or(0) >= self.max_per_ip {
                 Some(Refused::PerIp)
             } else {
                 c.total += 1;
@@ -172,9 +184,14 @@ fn bucket(ip: IpAddr) -> IpAddr {
 mod tests {
     use super::*;
 
+    /// Every peer capped, loopback included.
+    fn all_capped() -> Arc<Peers> {
+        Arc::new(Peers::new(Vec::new(), false))
+    }
+
     #[test]
     fn per_ip_and_total_limits_with_release() {
-        let a = Admission::new("test", 3, 2);
+        let a = Admission::new("test", 3, 2, all_capped());
         let ip1: IpAddr = "10.0.0.1".parse().unwrap();
         let ip2: IpAddr = "10.0.0.2".parse().unwrap();
         let g1 = a.try_admit(ip1).unwrap();
@@ -191,7 +208,7 @@ mod tests {
 
     #[test]
     fn ipv6_counted_by_slash_64_and_mapped_v4_as_v4() {
-        let a = Admission::new("test", 10, 1);
+        let a = Admission::new("test", 10, 1, all_capped());
         let _g = a.try_admit("2001:db8:1:2::1".parse().unwrap()).unwrap();
         assert!(a.try_admit("2001:db8:1:2::ffff".parse().unwrap()).is_err());
         assert!(a.try_admit("2001:db8:1:3::1".parse().unwrap()).is_ok());
@@ -201,12 +218,30 @@ mod tests {
 
     #[test]
     fn no_per_ip_cap_when_zero() {
-        let a = Admission::new("test", 5, 0);
+        let a = Admission::new("test", 5, 0, all_capped());
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
         let guards: Vec<_> = (0..5).map(|_| a.try_admit(ip).unwrap()).collect();
         assert_eq!(a.try_admit(ip).unwrap_err(), Refused::Listener);
         drop(guards);
         assert_eq!(a.open(), 0);
         assert_eq!(a.open_from(ip), 0);
+    }
+
+    #[test]
+    fn exempt_peers_are_counted_but_only_the_listener_cap_bounds_them() {
+        let peers = Peers::new(vec!["10.0.0.0/8".parse().unwrap()], true);
+        let a = Admission::new("test", 6, 1, Arc::new(peers));
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let lb: IpAddr = "10.1.2.3".parse().unwrap();
+        let other: IpAddr = "192.0.2.1".parse().unwrap();
+        let mut held: Vec<_> = (0..2).map(|_| a.try_admit(lo).unwrap()).collect();
+        held.extend((0..2).map(|_| a.try_admit(lb).unwrap()));
+        held.push(a.try_admit(other).unwrap());
+        assert_eq!(a.try_admit(other).unwrap_err(), Refused::PerIp);
+        assert_eq!((a.open_from(lo), a.open_from(lb)), (2, 2));
+        held.push(a.try_admit("::1".parse().unwrap()).unwrap());
+        assert_eq!(a.try_admit(lo).unwrap_err(), Refused::Listener);
+        drop(held);
+        assert_eq!(a.open(), 0);
     }
 }

@@ -31,6 +31,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::activity::Activity;
+use super::peers::Peers;
 use super::service::ConnService;
 use super::Stage;
 use crate::config::validate::ConnectionLimits;
@@ -97,6 +98,9 @@ pub(super) struct Conn {
     pub(super) limits: Arc<ConnectionLimits>,
     pub(super) listener: &'static str,
     pub(super) stage: watch::Receiver<Stage>,
+    /// The address the connection comes from.
+    pub(super) peer: std::net::IpAddr,
+    pub(super) peers: Arc<Peers>,
 }
 
 impl Conn {
@@ -111,6 +115,8 @@ impl Conn {
             limits,
             listener,
             mut stage,
+            peer,
+            peers,
         } = self;
         let act = Arc::new(Activity::new());
         let service = ConnService {
@@ -118,6 +124,8 @@ impl Conn {
             act: act.clone(),
             limits: limits.clone(),
             listener,
+            peer,
+            peers,
         };
         // Borrows the shared builder: no per-connection copy of it.
         let conn = builder.serve_connection(TokioIo::new(io), service);

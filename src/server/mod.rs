@@ -1,5 +1,5 @@
 //! The listener side: the accept loop and drain ([`accept`]), connection admission
-//! ([`admission`]), the TLS handshake ([`handshake`]), the open-file probe ([`fd`]), one
+//! ([`admission`]) and what a peer address stands for ([`peers`]), the TLS handshake ([`handshake`]), the open-file probe ([`fd`]), one
 //! connection's state machine with HTTP/1.1 and HTTP/2 (h2c by prior knowledge, and by ALPN
 //! under TLS) and its client-side timeouts ([`conn`]), the per-request service ([`service`])
 //! and what it shares with the connection ([`activity`]), the body wrappers ([`body`]), the
@@ -27,6 +27,7 @@ pub mod dashboard;
 mod fd;
 pub mod guard;
 mod handshake;
+pub mod peers;
 pub mod routes;
 mod service;
 pub mod shards;

@@ -3,13 +3,16 @@
 //! `body_read_timeout` and its place in the connection's in-flight count held by the response
 //! body.
 //!
-//! Invariants: every response carries the request's `x-request-id`; a body that does not
-//! arrive in time is answered 408 (OpenAI-shaped; on HTTP/1 with `connection: close`) in place
-//! of whatever the handler would have made of the read error; a request leaves the in-flight
-//! count only when its response body is finished or dropped.
+//! Invariants: every request carries its client's address ([`ClientAddr`], see
+//! [`super::peers`]) in its extensions by the time a handler runs; every response carries the
+//! request's `x-request-id`; a body that does not arrive in time is answered 408 (OpenAI-shaped;
+//! on HTTP/1 with `connection: close`) in place of whatever the handler would have made of the
+//! read error; a request leaves the in-flight count only when its response body is finished or
+//! dropped.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,8 +28,10 @@ use tower::ServiceExt;
 use super::activity::{Activity, InFlight};
 use super::body::{TimedBody, TrackedBody};
 use super::guard;
+use super::peers::Peers;
 use crate::config::validate::ConnectionLimits;
 use crate::openai::ApiError;
+use crate::telemetry::access::ClientAddr;
 use crate::telemetry::metrics as m;
 
 /// One connection's service (hyper clones it per request on HTTP/2).
@@ -36,6 +41,9 @@ pub(super) struct ConnService {
     pub(super) act: Arc<Activity>,
     pub(super) limits: Arc<ConnectionLimits>,
     pub(super) listener: &'static str,
+    /// The connection's peer, and the trusted proxies whose requests name their client.
+    pub(super) peer: IpAddr,
+    pub(super) peers: Arc<Peers>,
 }
 
 type ServiceFuture =
@@ -48,6 +56,8 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
 
     fn call(&self, mut req: Request<Incoming>) -> ServiceFuture {
         let version = req.version();
+        let client = self.peers.client(self.peer, req.headers());
+        req.extensions_mut().insert(ClientAddr(client));
         let mut flight = InFlight::new(
             self.act.clone(),
             self.limits.clone(),

@@ -1,6 +1,7 @@
 //! The access log: one line per request, written when the request is over (for a stream, when
 //! its last byte is sent or the client goes away), plus the request metrics.
 
+use std::net::IpAddr;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,16 @@ pub fn request_id(headers: &http::HeaderMap) -> String {
         .unwrap_or_else(new_id)
 }
 
+/// The address of the client a request comes from, in the request's extensions: the peer, or
+/// the client a trusted proxy forwarded it for (set by the listener's connection service).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub IpAddr);
+
+/// The client address of a request, when the listener recorded one.
+pub fn client_addr(extensions: &http::Extensions) -> Option<IpAddr> {
+    extensions.get::<ClientAddr>().map(|c| c.0)
+}
+
 /// A random 128-bit id in hex.
 pub fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
@@ -28,6 +39,8 @@ pub fn new_id() -> String {
 #[derive(Debug, Clone)]
 pub struct AccessRecord {
     pub request_id: String,
+    /// The client's address ([`ClientAddr`]); `-` in the log when unknown.
+    pub client: Option<IpAddr>,
     pub endpoint: &'static str,
     pub tenant: String,
     pub model: String,
@@ -51,6 +64,7 @@ impl AccessRecord {
     pub fn new(request_id: String, endpoint: &'static str, started: Instant) -> Self {
         AccessRecord {
             request_id,
+            client: None,
             endpoint,
             tenant: "-".into(),
             model: "-".into(),
@@ -76,6 +90,7 @@ impl AccessRecord {
         tracing::info!(
             target: "sluice::access",
             request_id = %self.request_id,
+            client = %OrDash(self.client),
             endpoint = self.endpoint,
             tenant = %self.tenant,
             model = %self.model,
@@ -103,6 +118,18 @@ impl AccessRecord {
         }
         if let Some(c) = self.completion_tokens {
             handles.completion_tokens.increment(c);
+        }
+    }
+}
+
+/// A value in the log, or `-` when unknown.
+struct OrDash<T>(Option<T>);
+
+impl<T: std::fmt::Display> std::fmt::Display for OrDash<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(v) => v.fmt(f),
+            None => f.write_str("-"),
         }
     }
 }

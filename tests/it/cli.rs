@@ -263,6 +263,88 @@ async fn json_access_log_without_prompts_and_graceful_sigterm() {
     assert!(!all.contains("sk-client-secret"), "key leaked into logs");
 }
 
+/// A non-streamed chat request from `from` with `x-request-id: id` and these
+/// `X-Forwarded-For` fields.
+async fn chat_from(base: &str, from: &str, id: &str, forwarded_for: &[&str]) {
+    let c = reqwest::Client::builder()
+        .local_address(from.parse::<std::net::IpAddr>().unwrap())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut req = c
+        .post(format!("{base}/v1/chat/completions"))
+        .header("x-request-id", id)
+        .json(&chat_body("m", false, 5));
+    for v in forwarded_for {
+        req = req.header("x-forwarded-for", *v);
+    }
+    assert_eq!(req.send().await.unwrap().status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_names_the_forwarded_client_only_behind_a_trusted_proxy() {
+    let s = sim(SimKind::Vllm, &["m"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\ntrusted_proxies = [\"127.0.0.2/32\", \"10.0.0.0/8\"]\n{FAST_HEALTH}{}",
+        backend("b", "vllm", &s.url(), &["m"])
+    );
+    let srv = serve(&cfg, dir.path());
+    let base = format!("http://{}", srv.addr);
+    eventually(Duration::from_secs(10), "ready", || {
+        let url = format!("{base}/readyz");
+        async move {
+            client()
+                .get(url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        }
+    })
+    .await;
+    // Through the trusted proxy (and a trusted hop before it): the client wrote the leftmost
+    // entry itself, the proxies appended the rest.
+    chat_from(
+        &base,
+        "127.0.0.2",
+        "via-proxy",
+        &["6.6.6.6, 203.0.113.9", "10.1.1.1"],
+    )
+    .await;
+    // Directly from an address that is no proxy: its X-Forwarded-For is the client's to invent.
+    chat_from(&base, "127.0.0.3", "spoofer", &["203.0.113.50"]).await;
+    chat_from(&base, "127.0.0.2", "proxy-itself", &[]).await;
+
+    let want = [
+        ("via-proxy", "203.0.113.9"),
+        ("spoofer", "127.0.0.3"),
+        ("proxy-itself", "127.0.0.2"),
+    ];
+    let mut clients = std::collections::HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while clients.len() < want.len() {
+        let line = srv
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("access lines missing; seen {clients:?}"));
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if v["message"] == "request" {
+            let id = v["request_id"].as_str().unwrap_or("").to_string();
+            clients.insert(id, v["client"].as_str().unwrap_or("").to_string());
+        }
+    }
+    for (id, client) in want {
+        assert_eq!(
+            clients.get(id).map(String::as_str),
+            Some(client),
+            "{clients:?}"
+        );
+    }
+}
+
 #[test]
 fn check_reports_an_out_of_range_value_with_its_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -276,6 +358,23 @@ fn check_reports_an_out_of_range_value_with_its_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("range.toml: routing.max_attempts: must be between 1 and 16 (line 4)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_reports_a_bad_trusted_proxy_range_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("proxies.toml");
+    std::fs::write(
+        &path,
+        "[server]\nthreads = 2\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/40\"]\n",
+    )
+    .unwrap();
+    let out = check_fails(&path);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("proxies.toml: server.trusted_proxies[1]: `10.0.0.0/40` is not an address range like \"10.0.0.0/8\" or \"fd00::/8\", nor an address (line 3)"),
         "{err}"
     );
 }

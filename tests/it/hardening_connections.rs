@@ -1,5 +1,5 @@
 //! Resource bounds on the client side, on real sockets: connection caps per listener and per
-//! client address, slowloris on heads and bodies, idle keep-alive connections, header count and
+//! client address (and who is exempt from the latter: loopback, trusted proxies), slowloris on heads and bodies, idle keep-alive connections, header count and
 //! size, and HTTP/2 rapid reset. Timeouts are configured short so the file runs in seconds;
 //! every wait is a poll or a read with a deadline.
 
@@ -119,10 +119,15 @@ async fn admitted_again(from: &str, to: SocketAddr) -> TcpStream {
     .await
 }
 
+/// Loopback is exempt from the per-address cap by default; these tests cap it explicitly.
+const CAP_LOOPBACK: &str = "per_ip_exempt_loopback = false\n";
+
 #[tokio::test]
 async fn per_ip_cap_refuses_the_next_connection_and_frees_on_close() {
-    let g =
-        TestGateway::start("[server]\nmax_connections = 100\nmax_connections_per_ip = 3\n").await;
+    let g = TestGateway::start(&format!(
+        "[server]\nmax_connections = 100\nmax_connections_per_ip = 3\n{CAP_LOOPBACK}"
+    ))
+    .await;
     let (_, before) = rejected_per_ip(&g).await;
     let mut first = Vec::new();
     for _ in 0..3 {
@@ -142,6 +147,91 @@ async fn per_ip_cap_refuses_the_next_connection_and_frees_on_close() {
     // From another address: 127.0.0.1 is at its cap.
     let (text, rejected) = rejected_per_ip(&g).await;
     assert!(rejected - before >= 2.0, "{text}");
+}
+
+/// Connections held open from 127.0.0.1 for the loopback test: well over the default
+/// `max_connections_per_ip` (1000), well under `max_connections` (10 000). Both ends live in
+/// this process: 2 descriptors each.
+const HELD_FROM_LOOPBACK: usize = 2500;
+
+/// A connection from `from` that has been served one request and is kept alive.
+async fn served_quietly(from: &str, to: SocketAddr) -> Option<TcpStream> {
+    let sock = TcpSocket::new_v4().ok()?;
+    sock.bind(format!("{from}:0").parse().ok()?).ok()?;
+    let mut s = sock.connect(to).await.ok()?;
+    healthz(&mut s).await.then_some(s)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loopback_is_not_capped_per_address_by_default() {
+    use futures_util::StreamExt;
+    let s = support::sim(sluice::sim::SimKind::Vllm, &["m"]).await;
+    // The default per-address settings; the waits for the next request on a kept-alive
+    // connection are made long so every held connection is still open at the end, however
+    // slowly the machine opens them.
+    let g = TestGateway::start_healthy(&format!(
+        "[server]\nheader_read_timeout = \"300s\"\nidle_timeout = \"300s\"\n{}{}",
+        support::FAST_HEALTH,
+        support::backend("b", "vllm", &s.url(), &["m"])
+    ))
+    .await;
+    let held: Vec<Option<TcpStream>> = futures_util::stream::iter(0..HELD_FROM_LOOPBACK)
+        .map(|_| served_quietly("127.0.0.1", g.addr))
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let mut held: Vec<TcpStream> = held.into_iter().flatten().collect();
+    assert_eq!(
+        held.len(),
+        HELD_FROM_LOOPBACK,
+        "connections from 127.0.0.1 refused"
+    );
+
+    // The next ordinary request from the same address, on a new connection.
+    let c = reqwest::Client::builder()
+        .local_address("127.0.0.1".parse::<std::net::IpAddr>().unwrap())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let r = c
+        .post(g.url("/v1/chat/completions"))
+        .json(&support::chat_body("m", false, 5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("\"choices\""));
+
+    // Every held connection was open all along and still serves.
+    let mut alive = 0;
+    for s in &mut held {
+        alive += usize::from(healthz(s).await);
+    }
+    assert_eq!(
+        alive, HELD_FROM_LOOPBACK,
+        "held connections closed meanwhile"
+    );
+}
+
+#[tokio::test]
+async fn trusted_proxies_are_exempt_from_the_per_ip_cap_and_others_are_not() {
+    let g = TestGateway::start(&format!(
+        "[server]\nmax_connections = 100\nmax_connections_per_ip = 2\n{CAP_LOOPBACK}trusted_proxies = [\"127.0.0.7/32\"]\n"
+    ))
+    .await;
+    let mut proxy = Vec::new();
+    for _ in 0..6 {
+        proxy.push(served("127.0.0.7", g.addr).await);
+    }
+    let _a = served("127.0.0.1", g.addr).await;
+    let _b = served("127.0.0.1", g.addr).await;
+    assert_refused("127.0.0.1", g.addr).await;
+    for s in &mut proxy {
+        assert!(
+            healthz(s).await,
+            "a connection from the trusted proxy stopped working"
+        );
+    }
 }
 
 /// `/metrics` (read from 127.0.0.9, which has no connection yet) and its count of connections

@@ -1,8 +1,11 @@
-//! `[server]`: the client listener, body bounds, shutdown, connection admission, client-side
-//! timeouts, HTTP/1 and HTTP/2 protocol bounds and CORS.
+//! `[server]`: the client listener, body bounds, shutdown, connection admission (and the
+//! trusted proxies it exempts), client-side timeouts, HTTP/1 and HTTP/2 protocol bounds and
+//! CORS.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
+
+use ipnet::IpNet;
 
 use super::{addr, duration, fits, in_range, zero_ok_duration, Problems};
 use crate::config::env::Env;
@@ -47,6 +50,7 @@ pub(super) fn server(p: &mut Problems, s: &ServerSection, env: &dyn Env) -> Serv
         ),
         connections: connection_limits(p, s),
         cors_allow_origins: cors_origins(p, s.cors_allow_origins.as_deref()),
+        trusted_proxies: trusted_proxies(p, s.trusted_proxies.as_deref()),
     }
 }
 
@@ -93,6 +97,7 @@ fn connection_limits(p: &mut Problems, s: &ServerSection) -> ConnectionLimits {
     ConnectionLimits {
         max_connections: num!(max_connections, 1..=1 << 24),
         max_connections_per_ip: num!(max_connections_per_ip, 0..=1 << 24),
+        per_ip_exempt_loopback: s.per_ip_exempt_loopback.unwrap_or(d.per_ip_exempt_loopback),
         header_read_timeout: timeout!(header_read_timeout),
         body_read_timeout: timeout!(body_read_timeout),
         idle_timeout: timeout!(idle_timeout),
@@ -146,6 +151,26 @@ fn cors_origins(p: &mut Problems, list: Option<&[String]>) -> Vec<String> {
                 format!("server.cors_allow_origins[{i}]"),
                 format!("`{o}` is not an origin like \"https://app.example.com\" (scheme, host, optional port; no path) or \"*\""),
             );
+        }
+    }
+    out
+}
+
+/// `server.trusted_proxies`: CIDR ranges (`10.0.0.0/8`, `fd00::/8`) or single addresses (a
+/// host's /32 or /128).
+fn trusted_proxies(p: &mut Problems, list: Option<&[String]>) -> Vec<IpNet> {
+    let mut out = Vec::new();
+    for (i, v) in list.unwrap_or_default().iter().enumerate() {
+        let v = v.trim();
+        let parsed = v
+            .parse::<IpNet>()
+            .or_else(|_| v.parse::<IpAddr>().map(IpNet::from));
+        match parsed {
+            Ok(net) => out.push(net),
+            Err(_) => p.push(
+                format!("server.trusted_proxies[{i}]"),
+                format!("`{v}` is not an address range like \"10.0.0.0/8\" or \"fd00::/8\", nor an address"),
+            ),
         }
     }
     out

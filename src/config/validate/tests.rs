@@ -75,6 +75,37 @@ fn connection_limits_defaults_and_bounds() {
 }
 
 #[test]
+fn trusted_proxies_and_the_loopback_exemption() {
+    let c = from_str("", "t").unwrap();
+    assert!(c.server.trusted_proxies.is_empty());
+    assert!(c.server.connections.per_ip_exempt_loopback);
+    let ok = from_str(
+        "[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"fd00::/8\", \"192.0.2.7\"]\nper_ip_exempt_loopback = false\n",
+        "t",
+    )
+    .unwrap();
+    let nets: Vec<String> = ok
+        .server
+        .trusted_proxies
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(nets, ["10.0.0.0/8", "fd00::/8", "192.0.2.7/32"]);
+    assert!(!ok.server.connections.per_ip_exempt_loopback);
+    let text = "[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/33\", \"lb.internal\", \"fd00::/129\"]\n";
+    let err = from_str(text, "t").unwrap_err().problems();
+    let joined = err.join("\n");
+    for needle in [
+        "server.trusted_proxies[1]: `10.0.0.0/33` is not an address range",
+        "server.trusted_proxies[2]: `lb.internal` is not",
+        "server.trusted_proxies[3]: `fd00::/129` is not",
+    ] {
+        assert!(joined.contains(needle), "missing {needle} in:\n{joined}");
+    }
+    assert_eq!(err.len(), 3, "{joined}");
+}
+
+#[test]
 fn admin_off_loopback_needs_token() {
     let err = from_str("[admin]\nlisten = \"0.0.0.0:9090\"\n", "t").unwrap_err();
     assert!(err.to_string().contains("admin.token"));
