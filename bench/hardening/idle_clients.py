@@ -14,8 +14,9 @@ with --smoke, a short `header_read_timeout` so the run takes seconds). Then, in 
    (slowloris); RSS and the normal client's latency while they are held; then the run waits
    for the gateway to cut them (`header_read_timeout`) and counts how many it cut in time.
 
-Clients are spread over 127.0.0.2-127.0.0.21 as source addresses (Linux loopback), so the
-per-address default cap of 1000 holds and ephemeral ports do not run out. Prints a table and
+Clients are spread over 127.0.0.2-127.0.0.21 as source addresses (Linux loopback), so
+ephemeral ports do not run out (and each address stays under the default per-address cap of
+1000, which loopback is exempt from by default anyway). Prints a table and
 writes JSON to bench/results/.
 
 Usage:
