@@ -199,7 +199,7 @@ impl Continuer {
         let (backend, model) = &self.candidates[claimed.idx];
         let body = cont
             .body(&self.body, &t, backend.kind(), model)
-            .ok_or("nothing is left to generate")?;
+            .ok_or("nothing is left to generate, or the answer so far cannot be continued")?;
         let headers = super::headers::upstream_headers(
             &self.client_headers,
             &self.request_id,
