@@ -6,7 +6,10 @@
 //! text so far, the tokens streamed, whether a role delta, a finish, a tool call or reasoning
 //! went out), tells whether a request can be continued faithfully at all, builds the request
 //! that asks a backend of a given kind to continue the partial answer, and rewrites the
-//! continuation's events so that they read as the same answer.
+//! continuation's events so that they read as the same answer. An API an engine cannot
+//! continue natively (Messages: [`messages`], Responses: [`responses`]) continues through the
+//! chat completions endpoint ([`Continuation::path`], [`Continuation::wire`]) and writes the
+//! chat chunks back as its own events ([`Rewritten::Events`]).
 //!
 //! Invariants:
 //! - A request is continued only when the continuation can be the same answer: one choice
