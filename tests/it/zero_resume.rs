@@ -687,6 +687,7 @@ async fn a_responses_stream_continues_as_the_same_response() {
         "[admin]\nlisten = \"127.0.0.1:0\"\n",
     )
     .await;
+    let mut produced = (0, 0);
     for max in [60, 12] {
         let body = responses(max);
         let want = post_json(&client(), b.url() + "/v1/responses", &body).await;
@@ -750,8 +751,10 @@ async fn a_responses_stream_continues_as_the_same_response() {
             u["total_tokens"].as_u64(),
             Some(gi + u["output_tokens"].as_u64().unwrap())
         );
+        produced.0 += gi;
+        produced.1 += u["output_tokens"].as_u64().unwrap();
     }
-    // Two answers, each counted once with its own usage.
+    // Two answers, each counted once with the usage the client read.
     let c = client();
     eventually(Duration::from_secs(3), "usage counted once", || {
         let (c, url) = (c.clone(), g.admin_url("/admin/usage"));
@@ -764,7 +767,9 @@ async fn a_responses_stream_continues_as_the_same_response() {
                     .filter_map(|t| t["requests"].as_u64())
                     .sum::<u64>()
             });
-            requests.is_some_and(|n| n >= 2) && sum("completion_tokens") > 0
+            requests == Some(2)
+                && sum("prompt_tokens") == produced.0
+                && sum("completion_tokens") == produced.1
         }
     })
     .await;
@@ -857,5 +862,84 @@ async fn the_openai_sdk_reads_a_continued_responses_stream() {
     let continued =
         "sluice_stream_continuations_total{backend=\"cut-resp-sdk\",outcome=\"continued\"}";
     assert!(metric(&metrics, continued) >= 1.0, "{metrics}");
+    g.stop().await;
+}
+
+/// TGI and Ollama continue a Responses answer too (the chat form of each, as for chat): the
+/// client reads one response whose text is the part that went out and that engine's rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tgi_and_ollama_continue_a_responses_answer() {
+    for (kind, name, label) in [
+        (SimKind::Tgi, "tgi", "cut-resp-to-tgi"),
+        (SimKind::Ollama, "ollama", "cut-resp-to-ollama"),
+    ] {
+        let a = cutting_sim(8).await;
+        let other = sim(kind, &[MODEL]).await;
+        let g = gateway(&[(label, "vllm", a.url()), ("o", name, other.url())], "").await;
+        let got = responses_from(&g, &responses(40), label).await;
+        assert!(!got.iter().any(|(n, _)| n == "error"), "{label}: {got:?}");
+        for (i, (n, v)) in got.iter().enumerate() {
+            assert_eq!(v["sequence_number"], i as u64, "{label}: {n}");
+        }
+        let end = &got.last().unwrap().1;
+        assert_eq!(end["type"], "response.completed", "{label}");
+        let r = &end["response"];
+        assert_eq!(r["id"], got[0].1["response"]["id"], "{label}");
+        let text = responses_text(&got);
+        assert!(text.split_whitespace().count() > 4, "{label}: {text}");
+        assert_eq!(
+            r["output"][0]["content"][0]["text"].as_str(),
+            Some(text.as_str())
+        );
+        assert_eq!(
+            r["usage"]["output_tokens"].as_u64(),
+            Some(text.split_whitespace().count() as u64),
+            "{label}: {r}"
+        );
+        let metrics = g.metrics_text().await;
+        let continued = format!(
+            "sluice_stream_continuations_total{{backend=\"{label}\",outcome=\"continued\"}}"
+        );
+        assert_eq!(metric(&metrics, &continued), 1.0, "{label}");
+        g.stop().await;
+    }
+}
+
+/// A continued response is stored nowhere: with the store on, its id (naming the backend whose
+/// stream broke, which stored nothing of an aborted generation) is unknown to a later `GET`,
+/// and a request asking for `store: true` is not continued at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continued_response_is_stored_nowhere() {
+    let store_sim = || {
+        sim_with(
+            sluice::sim::SimConfig::new(SimKind::Vllm, vec![MODEL.into()])
+                .speed(0.0)
+                .responses_store(true),
+        )
+    };
+    let (a, b) = (store_sim().await, store_sim().await);
+    let mut fault = Fault::mode(FaultMode::DropMidstream);
+    fault.after_chunks = 7;
+    a.set_fault(fault).unwrap();
+    let g = gateway(
+        &[("cut-stored", "vllm", a.url()), ("b", "vllm", b.url())],
+        "",
+    )
+    .await;
+    let got = responses_from(&g, &responses(40), "cut-stored").await;
+    assert_eq!(got.last().unwrap().0, "response.completed", "{got:?}");
+    let id = got[0].1["response"]["id"].as_str().unwrap().to_string();
+    let r = client()
+        .get(g.url(&format!("/v1/responses/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "response_not_found", "{v}");
+    let mut stored = responses(40);
+    stored["store"] = json!(true);
+    let got = responses_from(&g, &stored, "cut-stored").await;
+    assert_eq!(got.last().unwrap().0, "error", "{got:?}");
     g.stop().await;
 }
