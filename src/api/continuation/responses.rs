@@ -13,6 +13,7 @@
 //! object (its `id`, `created_at`, `model` and echoed request fields) with the whole output,
 //! its status (`incomplete` with `incomplete_details.reason: "max_output_tokens"` when the
 //! length ran out; vLLM names that event `response.completed` too) and the answer's usage.
+//! An error event of the continuing engine ends the stream with the API's `error` event.
 //!
 //! Only text answers to text conversations are continued: a request with tools, a forced tool
 //! choice, `previous_response_id`, `store: true` or `background: true`, structured output,
@@ -33,6 +34,7 @@ use crate::api::translate::{fresh_id, responses::TRANSLATOR};
 use crate::api::{ClientApi, Usage, CHAT};
 use crate::config::BackendKind;
 use crate::openai::edit::{self, Splice};
+use crate::openai::ApiError;
 
 /// The Responses API's continuation.
 pub struct ResponsesContinuation;
@@ -97,6 +99,13 @@ struct Ending<'a> {
 /// A member's raw value, `null` too (serde reads `null` as `None` for an `Option`).
 fn raw<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
     <&RawValue>::deserialize(d).map(Some)
+}
+
+/// A chat stream's error event.
+#[derive(Deserialize)]
+struct Failed<'a> {
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
 }
 
 /// Why a request cannot be continued beyond what the translation refuses.
@@ -421,6 +430,19 @@ impl Continuation for ResponsesContinuation {
             close(t, None, &mut out);
             return Rewritten::Events(out.freeze());
         }
+        if let Ok(Failed { error: Some(e) }) = serde_json::from_slice::<Failed<'_>>(data) {
+            // The continuing engine failed: the Responses API's error event ends the stream.
+            t.ended = true;
+            let message = serde_json::from_str::<Value>(e.get())
+                .ok()
+                .and_then(|v| v.get("message")?.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let err = ApiError::bad_gateway(format!(
+                "The backend continuing the answer failed ({message}). The answer is incomplete."
+            ))
+            .with_code("backend_stream_interrupted");
+            return Rewritten::Events(crate::api::responses::stream_error_event(&err));
+        }
         let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(data) else {
             return Rewritten::Drop;
         };
@@ -679,6 +701,20 @@ mod tests {
             text.contains("\"object\":\"response\",\"output\":[{\"id\":\"msg_84c9\""),
             "{text}"
         );
+        assert_eq!(c.rewrite(b"[DONE]", &mut t, None), Rewritten::Drop);
+        // An engine error inside the continuation ends the stream with the API's error event.
+        let mut t = transcript(6);
+        let failed = br#"{"error":{"message":"EngineCore died","type":"InternalServerError"}}"#;
+        let Rewritten::Events(out) = c.rewrite(failed, &mut t, None) else {
+            panic!("no error event")
+        };
+        let ev = read(&out);
+        assert_eq!(ev[0].0, "error");
+        assert_eq!(ev[0].1["error"]["code"], "backend_stream_interrupted");
+        assert!(ev[0].1["message"]
+            .as_str()
+            .unwrap()
+            .contains("EngineCore died"));
         assert_eq!(c.rewrite(b"[DONE]", &mut t, None), Rewritten::Drop);
     }
 
