@@ -291,6 +291,11 @@ fn limit(req: &mut Map<String, Value>, t: &Transcript, model: &str) -> Option<()
     Some(())
 }
 
+/// `s` as a JSON string.
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
 fn to_bytes(req: Map<String, Value>) -> Option<Bytes> {
     serde_json::to_vec(&Value::Object(req))
         .ok()

@@ -29,7 +29,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{continue_chat, object, Chunk, Continuation, Rewritten, Transcript, CHAT_CONTINUATION};
+use super::{
+    continue_chat, json_str, object, Chunk, Continuation, Rewritten, Transcript, CHAT_CONTINUATION,
+};
 use crate::api::translate::{fresh_id, responses::TRANSLATOR};
 use crate::api::{ClientApi, Usage, CHAT};
 use crate::config::BackendKind;
@@ -166,10 +168,6 @@ fn event(t: &mut Transcript, kind: &str, before: &str, after: &str, out: &mut By
     out.extend_from_slice(b"\ndata: ");
     out.extend_from_slice(data.as_bytes());
     out.extend_from_slice(b"\n\n");
-}
-
-fn json_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
 /// The output message item with its whole text, as vLLM writes it.
