@@ -6,7 +6,10 @@
 //! text so far, the tokens streamed, whether a role delta, a finish, a tool call or reasoning
 //! went out), tells whether a request can be continued faithfully at all, builds the request
 //! that asks a backend of a given kind to continue the partial answer, and rewrites the
-//! continuation's events so that they read as the same answer.
+//! continuation's events so that they read as the same answer. An API an engine cannot
+//! continue natively (Messages: [`messages`], Responses: [`responses`]) continues through the
+//! chat completions endpoint ([`Continuation::path`], [`Continuation::wire`]) and writes the
+//! chat chunks back as its own events ([`Rewritten::Events`]).
 //!
 //! Invariants:
 //! - A request is continued only when the continuation can be the same answer: one choice
@@ -26,6 +29,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 pub mod messages;
+pub mod responses;
 
 use super::{ClientApi, Usage};
 use crate::config::BackendKind;
@@ -53,6 +57,15 @@ pub struct Transcript {
     pub next: u64,
     /// The continuation's finish reason, until its end is written.
     pub stop: Option<String>,
+    /// The response object of the stream's first lifecycle event, as the client saw it
+    /// (Responses: the answer's last event carries it whole).
+    pub head: Option<String>,
+    /// The open output item: its id (as JSON) and output index (Responses).
+    pub item: Option<(String, u64)>,
+    /// The last event's `sequence_number` (Responses).
+    pub seq: Option<u64>,
+    /// The continuation's closing events were written.
+    pub ended: bool,
 }
 
 impl Transcript {
@@ -278,10 +291,46 @@ fn limit(req: &mut Map<String, Value>, t: &Transcript, model: &str) -> Option<()
     Some(())
 }
 
+/// `s` as a JSON string.
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
 fn to_bytes(req: Map<String, Value>) -> Option<Bytes> {
     serde_json::to_vec(&Value::Object(req))
         .ok()
         .map(Bytes::from)
+}
+
+/// The chat completions request `req` made to continue the partial answer `t` on a backend
+/// of `kind` (its model name `model`): the text so far as a trailing assistant message, in
+/// the form that backend continues (the table in docs/request-path.md), and the limits less
+/// what was streamed; `None` when nothing is left to generate.
+fn continue_chat(
+    mut req: Map<String, Value>,
+    t: &Transcript,
+    kind: BackendKind,
+    model: &str,
+) -> Option<Bytes> {
+    limit(&mut req, t, model)?;
+    let Some(Value::Array(messages)) = req.get_mut("messages") else {
+        return None;
+    };
+    let mut partial = Map::new();
+    partial.insert("role".into(), "assistant".into());
+    partial.insert("content".into(), t.text.clone().into());
+    messages.push(Value::Object(partial));
+    match kind {
+        BackendKind::Vllm => {
+            req.insert("continue_final_message".into(), true.into());
+            req.insert("add_generation_prompt".into(), false.into());
+        }
+        BackendKind::Tgi => {
+            req.insert("continue_final_message".into(), true.into());
+        }
+        _ => {}
+    }
+    to_bytes(req)
 }
 
 /// The continuation's event with the first chunk's `id`, `created`, `model` and the answer's
@@ -410,26 +459,7 @@ impl Continuation for ChatContinuation {
     }
 
     fn body(&self, body: &[u8], t: &Transcript, kind: BackendKind, model: &str) -> Option<Bytes> {
-        let mut req = object(body)?;
-        limit(&mut req, t, model)?;
-        let Some(Value::Array(messages)) = req.get_mut("messages") else {
-            return None;
-        };
-        let mut partial = Map::new();
-        partial.insert("role".into(), "assistant".into());
-        partial.insert("content".into(), t.text.clone().into());
-        messages.push(Value::Object(partial));
-        match kind {
-            BackendKind::Vllm => {
-                req.insert("continue_final_message".into(), true.into());
-                req.insert("add_generation_prompt".into(), false.into());
-            }
-            BackendKind::Tgi => {
-                req.insert("continue_final_message".into(), true.into());
-            }
-            _ => {}
-        }
-        to_bytes(req)
+        continue_chat(object(body)?, t, kind, model)
     }
 
     fn rewrite(&self, data: &[u8], t: &mut Transcript, usage: Option<Usage>) -> Rewritten {

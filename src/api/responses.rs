@@ -346,6 +346,10 @@ impl ClientApi for Responses {
         kind == BackendKind::Vllm // Ollama answers but stores nothing
     }
 
+    fn continuation(&self) -> Option<&'static dyn super::continuation::Continuation> {
+        Some(super::continuation::responses::RESPONSES_CONTINUATION)
+    }
+
     fn translator(&self) -> Option<&'static dyn super::translate::Translator> {
         Some(super::translate::responses::TRANSLATOR)
     }

@@ -331,8 +331,9 @@ impl<B> ObservedStream<B> {
                 batch.extend_from_slice(end);
                 continue;
             }
+            // (a continuation's events are edited as its wire API's, then rewritten)
             let edited = self
-                .api
+                .reader()
                 .edit(&payload, &self.edits)
                 .unwrap_or_else(|| Bytes::copy_from_slice(&payload));
             let usage = seen.usage.and(self.settle.usage);

@@ -1,5 +1,5 @@
-//! Mid-stream continuation (chat completions, completions, and the Messages API through the
-//! engine's chat completions endpoint): a stream that breaks after it was committed (reset,
+//! Mid-stream continuation (chat completions, completions, and the Messages and Responses
+//! APIs through a chat completions endpoint): a stream that breaks after it was committed (reset,
 //! the backend killed, idle timeout, an oversized or invalid event, an engine error event, an
 //! early end) is continued on another backend serving the model, and the client reads one
 //! unbroken answer.
@@ -199,7 +199,7 @@ impl Continuer {
         let (backend, model) = &self.candidates[claimed.idx];
         let body = cont
             .body(&self.body, &t, backend.kind(), model)
-            .ok_or("nothing is left to generate")?;
+            .ok_or("nothing is left to generate, or the answer so far cannot be continued")?;
         let headers = super::headers::upstream_headers(
             &self.client_headers,
             &self.request_id,

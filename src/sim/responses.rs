@@ -10,7 +10,8 @@
 //!   output as an assistant turn, then `input`. So prompt tokens grow along a conversation.
 //! - Bodies follow the captures key for key: a response object in vLLM's field order, the
 //!   event sequence `response.created`, `response.in_progress`, `response.output_item.added`,
-//!   `response.content_part.added`, `response.output_text.delta`…, `response.output_text.done`,
+//!   `response.content_part.added`, `response.output_text.delta`… (one per token, as the chat and
+//!   Messages streams), `response.output_text.done`,
 //!   `response.content_part.done`, `response.output_item.done`, `response.completed` (also when
 //!   the status is `incomplete`), numbered by `sequence_number`, and no `[DONE]`.
 //! - The store lives in this process only (another replica answers 404, as vLLM does). With the
@@ -676,15 +677,19 @@ fn stream(
                     return;
                 }
             }
-            let delta = js(&gen.plan.text(range.start, range.end));
-            let d = format!(
-                "\"content_index\":0,\"delta\":{delta},\"item_id\":\"{item}\",\"logprobs\":[],\"output_index\":0,"
-            );
-            if !sink
-                .send(event("response.output_text.delta", &mut seq, &d))
-                .await
-            {
-                return;
+            // one delta per token, as the engine's steps produce them (and as the chat and
+            // Messages streams are sent)
+            for i in range {
+                let delta = js(&gen.plan.text(i, i + 1));
+                let d = format!(
+                    "\"content_index\":0,\"delta\":{delta},\"item_id\":\"{item}\",\"logprobs\":[],\"output_index\":0,"
+                );
+                if !sink
+                    .send(event("response.output_text.delta", &mut seq, &d))
+                    .await
+                {
+                    return;
+                }
             }
         }
         doc.finish(&gen.plan, gen.cached);

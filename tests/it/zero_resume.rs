@@ -645,3 +645,303 @@ async fn the_anthropic_sdk_reads_a_continued_messages_stream() {
     assert!(metric(&metrics, continued) >= 1.0, "{metrics}");
     g.stop().await;
 }
+
+/// A text request of the Responses API, streamed.
+fn responses(max_output_tokens: u32) -> Value {
+    json!({"model": MODEL, "stream": true, "max_output_tokens": max_output_tokens,
+        "instructions": "Be brief.",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Tell me about the sea."}]}]})
+}
+
+/// Post a Responses `body` until the stream starts on `first`; its events.
+async fn responses_from(g: &TestGateway, body: &Value, first: &str) -> Vec<(String, Value)> {
+    let c = client();
+    for _ in 0..4 {
+        let r = post_json(&c, g.url("/v1/responses"), body).await;
+        assert_eq!(r.status(), 200);
+        let on = header(&r, "x-sluice-backend").to_string();
+        let text = r.text().await.unwrap();
+        if on == first {
+            return messages_events(&text);
+        }
+    }
+    panic!("no stream started on {first}");
+}
+
+/// The text of a Responses stream's deltas.
+fn responses_text(events: &[(String, Value)]) -> String {
+    events
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .filter_map(|(_, v)| v["delta"].as_str())
+        .collect()
+}
+
+/// A Responses stream cut mid-answer continues through the engine's chat completions endpoint
+/// and reads as the uncut answer's events: one response (its id, creation time and model on
+/// the final object), one message item whose deltas carry on, sequence numbers without a gap,
+/// the closing events with the whole text, and the answer's usage, counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_stream_continues_as_the_same_response() {
+    let (a, b) = (cutting_sim(7).await, sim(SimKind::Vllm, &[MODEL]).await);
+    let g = gateway(
+        &[("cut-resp", "vllm", a.url()), ("b", "vllm", b.url())],
+        "[admin]\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .await;
+    let mut produced = (0, 0);
+    for max in [60, 12] {
+        let body = responses(max);
+        let want = post_json(&client(), b.url() + "/v1/responses", &body).await;
+        let want = messages_events(&want.text().await.unwrap());
+        let got = responses_from(&g, &body, "cut-resp").await;
+        let names = |e: &[(String, Value)]| e.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&got), names(&want), "{got:?}");
+        assert!(
+            names(&got)
+                .iter()
+                .filter(|n| *n == "response.output_text.delta")
+                .count()
+                > 3,
+            "the answer is longer than the cut"
+        );
+        assert_eq!(responses_text(&got), responses_text(&want), "max {max}");
+        for (i, (n, v)) in got.iter().enumerate() {
+            assert_eq!(v["type"], n.as_str());
+            assert_eq!(
+                v["sequence_number"], i as u64,
+                "{n}: numbered without a gap"
+            );
+        }
+        let item = got[2].1["item"]["id"].clone();
+        for (n, v) in got.iter().filter(|(_, v)| v.get("item_id").is_some()) {
+            assert_eq!(v["item_id"], item, "{n}");
+        }
+        let (start, end) = (&got[0].1["response"], &got.last().unwrap().1["response"]);
+        let want_end = &want.last().unwrap().1["response"];
+        for k in ["id", "created_at", "model"] {
+            assert_eq!(end[k], start[k], "{k}");
+        }
+        assert!(start["id"].as_str().unwrap().starts_with("resp_"));
+        assert_eq!(end["model"], MODEL);
+        for k in [
+            "status",
+            "incomplete_details",
+            "instructions",
+            "max_output_tokens",
+        ] {
+            assert_eq!(end[k], want_end[k], "{k}");
+        }
+        assert_eq!(end["output"][0]["id"], item);
+        assert_eq!(
+            end["output"][0]["content"][0]["text"].as_str(),
+            Some(responses_text(&want).as_str())
+        );
+        let last = |name: &str| got.iter().rev().find(|(n, _)| n == name).unwrap().1.clone();
+        assert_eq!(
+            last("response.output_text.done")["text"],
+            end["output"][0]["content"][0]["text"]
+        );
+        let (u, w) = (&end["usage"], &want_end["usage"]);
+        assert_eq!(u["output_tokens"], w["output_tokens"], "{u} vs {w}");
+        let (gi, wi) = (
+            u["input_tokens"].as_u64().unwrap(),
+            w["input_tokens"].as_u64().unwrap(),
+        );
+        assert!(gi == wi || gi + 1 == wi, "input {gi} vs {wi}");
+        assert_eq!(
+            u["total_tokens"].as_u64(),
+            Some(gi + u["output_tokens"].as_u64().unwrap())
+        );
+        produced.0 += gi;
+        produced.1 += u["output_tokens"].as_u64().unwrap();
+    }
+    // Two answers, each counted once with the usage the client read.
+    let c = client();
+    eventually(Duration::from_secs(3), "usage counted once", || {
+        let (c, url) = (c.clone(), g.admin_url("/admin/usage"));
+        async move {
+            let v = get_json(&c, url).await;
+            let rows = v["rows"].as_array().cloned().unwrap_or_default();
+            let sum = |k: &str| rows.iter().filter_map(|r| r[k].as_u64()).sum::<u64>();
+            let requests = v["tenants"].as_object().map(|t| {
+                t.values()
+                    .filter_map(|t| t["requests"].as_u64())
+                    .sum::<u64>()
+            });
+            requests == Some(2)
+                && sum("prompt_tokens") == produced.0
+                && sum("completion_tokens") == produced.1
+        }
+    })
+    .await;
+    let metrics = g.metrics_text().await;
+    let continued = "sluice_stream_continuations_total{backend=\"cut-resp\",outcome=\"continued\"}";
+    assert_eq!(metric(&metrics, continued), 2.0, "{metrics}");
+    g.stop().await;
+}
+
+/// Responses requests a continuation cannot answer faithfully keep the terminal error event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_that_cannot_be_continued_keep_the_terminal_error() {
+    let (a, b) = (cutting_sim(6).await, sim(SimKind::Vllm, &[MODEL]).await);
+    let g = gateway(
+        &[
+            ("cut-resp-refused", "vllm", a.url()),
+            ("b", "vllm", b.url()),
+        ],
+        "",
+    )
+    .await;
+    let with = |k: &str, v: Value| {
+        let mut body = responses(40);
+        body[k] = v;
+        body
+    };
+    for body in [
+        with("store", json!(true)),
+        with(
+            "tools",
+            json!([{"type": "function", "name": "f", "parameters": {"type": "object"}}]),
+        ),
+        with("text", json!({"format": {"type": "json_object"}})),
+        with("top_logprobs", json!(2)),
+    ] {
+        let got = responses_from(&g, &body, "cut-resp-refused").await;
+        let (name, err) = got.last().unwrap_or_else(|| panic!("{body}: nothing"));
+        assert_eq!(name, "error", "{body}: {got:?}");
+        assert_eq!(err["error"]["code"], "backend_stream_interrupted", "{err}");
+        assert!(
+            !responses_text(&got).is_empty(),
+            "{body}: the text before the cut went out"
+        );
+        assert!(
+            !got.iter().any(|(n, _)| n == "response.completed"),
+            "{got:?}"
+        );
+    }
+    let metrics = g.metrics_text().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "sluice_stream_continuations_total{backend=\"cut-resp-refused\""
+        ),
+        0.0
+    );
+    g.stop().await;
+}
+
+/// The OpenAI Python SDK reads a continued Responses stream as one response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_reads_a_continued_responses_stream() {
+    let Some(python) = process::python_with(&["openai"]) else {
+        return;
+    };
+    let (a, b) = (cutting_sim(8).await, sim(SimKind::Vllm, &[MODEL]).await);
+    let g = gateway(
+        &[("cut-resp-sdk", "vllm", a.url()), ("b", "vllm", b.url())],
+        "",
+    )
+    .await;
+    let mut body = responses(40);
+    body["stream"] = json!(false);
+    let want = support::request::post_for_json(&client(), b.url() + "/v1/responses", &body).await;
+    let want = want["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    process::python_checks(
+        python,
+        "gateway_resume_responses_sdk.py",
+        vec![
+            ("SLUICE_BASE_URL", g.url("/v1")),
+            ("SLUICE_MODEL", MODEL.to_string()),
+            ("SLUICE_WANT_TEXT", want),
+        ],
+    )
+    .await;
+    let metrics = g.metrics_text().await;
+    let continued =
+        "sluice_stream_continuations_total{backend=\"cut-resp-sdk\",outcome=\"continued\"}";
+    assert!(metric(&metrics, continued) >= 1.0, "{metrics}");
+    g.stop().await;
+}
+
+/// TGI and Ollama continue a Responses answer too (the chat form of each, as for chat): the
+/// client reads one response whose text is the part that went out and that engine's rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tgi_and_ollama_continue_a_responses_answer() {
+    for (kind, name, label) in [
+        (SimKind::Tgi, "tgi", "cut-resp-to-tgi"),
+        (SimKind::Ollama, "ollama", "cut-resp-to-ollama"),
+    ] {
+        let a = cutting_sim(8).await;
+        let other = sim(kind, &[MODEL]).await;
+        let g = gateway(&[(label, "vllm", a.url()), ("o", name, other.url())], "").await;
+        let got = responses_from(&g, &responses(40), label).await;
+        assert!(!got.iter().any(|(n, _)| n == "error"), "{label}: {got:?}");
+        for (i, (n, v)) in got.iter().enumerate() {
+            assert_eq!(v["sequence_number"], i as u64, "{label}: {n}");
+        }
+        let end = &got.last().unwrap().1;
+        assert_eq!(end["type"], "response.completed", "{label}");
+        let r = &end["response"];
+        assert_eq!(r["id"], got[0].1["response"]["id"], "{label}");
+        let text = responses_text(&got);
+        assert!(text.split_whitespace().count() > 4, "{label}: {text}");
+        assert_eq!(
+            r["output"][0]["content"][0]["text"].as_str(),
+            Some(text.as_str())
+        );
+        assert_eq!(
+            r["usage"]["output_tokens"].as_u64(),
+            Some(text.split_whitespace().count() as u64),
+            "{label}: {r}"
+        );
+        let metrics = g.metrics_text().await;
+        let continued = format!(
+            "sluice_stream_continuations_total{{backend=\"{label}\",outcome=\"continued\"}}"
+        );
+        assert_eq!(metric(&metrics, &continued), 1.0, "{label}");
+        g.stop().await;
+    }
+}
+
+/// A continued response is stored nowhere: with the store on, its id (naming the backend whose
+/// stream broke, which stored nothing of an aborted generation) is unknown to a later `GET`,
+/// and a request asking for `store: true` is not continued at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continued_response_is_stored_nowhere() {
+    let store_sim = || {
+        sim_with(
+            sluice::sim::SimConfig::new(SimKind::Vllm, vec![MODEL.into()])
+                .speed(0.0)
+                .responses_store(true),
+        )
+    };
+    let (a, b) = (store_sim().await, store_sim().await);
+    let mut fault = Fault::mode(FaultMode::DropMidstream);
+    fault.after_chunks = 7;
+    a.set_fault(fault).unwrap();
+    let g = gateway(
+        &[("cut-stored", "vllm", a.url()), ("b", "vllm", b.url())],
+        "",
+    )
+    .await;
+    let got = responses_from(&g, &responses(40), "cut-stored").await;
+    assert_eq!(got.last().unwrap().0, "response.completed", "{got:?}");
+    let id = got[0].1["response"]["id"].as_str().unwrap().to_string();
+    let r = client()
+        .get(g.url(&format!("/v1/responses/{id}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "response_not_found", "{v}");
+    let mut stored = responses(40);
+    stored["store"] = json!(true);
+    let got = responses_from(&g, &stored, "cut-stored").await;
+    assert_eq!(got.last().unwrap().0, "error", "{got:?}");
+    g.stop().await;
+}

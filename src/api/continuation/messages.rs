@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{object, Continuation, Rewritten, Transcript};
+use super::{continue_chat, json_str, object, Continuation, Rewritten, Transcript};
 use crate::api::{ClientApi, Usage, CHAT};
 use crate::config::BackendKind;
 
@@ -98,10 +98,6 @@ fn event(kind: &str, data: &str, out: &mut BytesMut) {
     out.extend_from_slice(b"\ndata: ");
     out.extend_from_slice(data.as_bytes());
     out.extend_from_slice(b"\n\n");
-}
-
-fn json_str(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
 /// The text of a content value made of text only (a string or text blocks); `None` for any
@@ -224,7 +220,7 @@ impl Continuation for MessagesContinuation {
         }
     }
 
-    fn body(&self, body: &[u8], t: &Transcript, _: BackendKind, model: &str) -> Option<Bytes> {
+    fn body(&self, body: &[u8], t: &Transcript, kind: BackendKind, model: &str) -> Option<Bytes> {
         let req = object(body)?;
         let mut messages = Vec::new();
         if let Some(system) = req.get("system") {
@@ -242,20 +238,11 @@ impl Continuation for MessagesContinuation {
             );
             messages.push(Value::Object(m));
         }
-        let mut partial = Map::new();
-        partial.insert("role".into(), "assistant".into());
-        partial.insert("content".into(), t.text.clone().into());
-        messages.push(Value::Object(partial));
-        let left = req
-            .get("max_tokens")?
-            .as_u64()?
-            .checked_sub(t.tokens)
-            .filter(|n| *n > 0)?;
+        let max = req.get("max_tokens")?.as_u64()?;
         let mut chat = Map::new();
-        chat.insert("model".into(), model.into());
         chat.insert("messages".into(), Value::Array(messages));
-        chat.insert("max_tokens".into(), left.into());
-        chat.insert("max_completion_tokens".into(), left.into());
+        chat.insert("max_tokens".into(), max.into());
+        chat.insert("max_completion_tokens".into(), max.into());
         for (from, to) in [
             ("stop_sequences", "stop"),
             ("temperature", "temperature"),
@@ -266,15 +253,8 @@ impl Continuation for MessagesContinuation {
                 chat.insert(to.into(), v.clone());
             }
         }
-        chat.insert("stream".into(), true.into());
-        let mut options = Map::new();
-        options.insert("include_usage".into(), true.into());
-        chat.insert("stream_options".into(), Value::Object(options));
-        chat.insert("continue_final_message".into(), true.into());
-        chat.insert("add_generation_prompt".into(), false.into());
-        serde_json::to_vec(&Value::Object(chat))
-            .ok()
-            .map(Bytes::from)
+        // the partial answer, the limits less what was streamed, the backend's form
+        continue_chat(chat, t, kind, model)
     }
 
     fn rewrite(&self, data: &[u8], t: &mut Transcript, usage: Option<Usage>) -> Rewritten {
