@@ -1,6 +1,12 @@
 //! `sluice plan`'s virtual time against the real-time simulator: the same requests, sent to a
 //! live `sluice sim` at their arrival times and planned in virtual time with the same timing
 //! model, give the same time to first token within a tolerance.
+//!
+//! The real side is measured in wall-clock time, so these tests only mean something on a
+//! machine that is not running two hundred other tests at once: they are `#[ignore]`d in the
+//! suite and run alone, one at a time
+//! (`cargo test --test it plan_accuracy -- --ignored --test-threads=1`), which CI does after
+//! the suite.
 
 use std::time::{Duration, Instant};
 
@@ -156,6 +162,7 @@ fn assert_close(planned: &[f64], real: &[f64], tolerances: [(f64, f64); 3]) {
 }
 
 #[tokio::test]
+#[ignore = "a timing comparison: run alone (CI runs it after the suite; bench/README.md)"]
 async fn virtual_time_matches_the_real_time_simulator() {
     let sim = start(SimKind::Vllm, &["m"], |c: SimConfig| {
         c.timing(timing())
@@ -187,6 +194,7 @@ async fn virtual_time_matches_the_real_time_simulator() {
 /// Through the gateway: three live simulators behind `token-aware` routing, and the same
 /// requests planned on three engines routed by the same policy code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a timing comparison: run alone (CI runs it after the suite; bench/README.md)"]
 async fn virtual_time_matches_a_gateway_in_front_of_a_live_fleet() {
     let mut sims = Vec::new();
     let mut toml = format!("[routing]\npolicy = \"token-aware\"\n{FAST_HEALTH}");
