@@ -29,6 +29,7 @@ struct Seen {
     ttft: Duration,
     prompt_tokens: u32,
     completion_tokens: u32,
+    max_tokens: u32,
 }
 
 /// Stream a chat completion; the time to the first content token and the usage.
@@ -71,6 +72,7 @@ async fn one(
         completion_tokens: usage["completion_tokens"]
             .as_u64()
             .expect("completion_tokens") as u32,
+        max_tokens,
     }
 }
 
@@ -131,6 +133,7 @@ fn plan(seen: &[Seen], engines: usize) -> (Vec<f64>, Vec<f64>, usize) {
             prompt_tokens: s.prompt_tokens,
             output_tokens: s.completion_tokens,
             prefix: None,
+            max_tokens: Some(s.max_tokens),
         })
         .collect();
     let run = simulate(&reqs, engines, &timing(), PolicyKind::TokenAware);
