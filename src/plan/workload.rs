@@ -270,7 +270,7 @@ mod tests {
 
     #[test]
     fn a_trace_is_read_relative_to_its_first_arrival_and_scaled() {
-        let text = r#"{"ts":1000.5,"model":"m","api":"chat","prompt_tokens":10,"completion_tokens":5,"cached_tokens":0,"prefix":"00000000000000ff","prefix_tokens":8}
+        let text = r#"{"ts":1000.5,"model":"m","api":"chat","prompt_tokens":10,"completion_tokens":5,"cached_tokens":0,"prefix":"00000000000000ff","prefix_tokens":8,"max_tokens":64}
 {"ts":1000.0,"model":"m","api":"chat","prompt_tokens":20,"completion_tokens":7}
 {"ts":1001.0,"model":"other","api":"chat","prompt_tokens":20,"completion_tokens":7}
 "#;
@@ -279,6 +279,7 @@ mod tests {
         assert_eq!(reqs[0].at_ns, 0);
         assert_eq!(reqs[1].at_ns, 500_000_000);
         assert_eq!(reqs[1].prefix, Some((255, 8)));
+        assert_eq!((reqs[0].max_tokens, reqs[1].max_tokens), (None, Some(64)));
         assert_eq!(scale(&reqs, 3.0, 1).len(), 6);
         let err = read_trace("{\"ts\":1}\n", None).expect_err("fields missing");
         assert!(err.to_string().contains("line 1"), "{err}");
