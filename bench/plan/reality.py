@@ -15,7 +15,11 @@ each request asks for `max_tokens` with `ignore_eos`, so it generates exactly th
 
 TTFT is measured by the client: from just before the request is sent to the first SSE event
 with non-empty content. "One down": N simulators behind the gateway, one of them killed
-(SIGKILL) just before the first request; the gateway finds out by itself.
+(SIGKILL) just before the first request; the gateway finds out by itself. Before each replay
+the gateway is brought to what a gateway in service knows (every engine's batch limit, learned
+from its metrics) by bursts of other requests; its backends are named as the planner names its
+engines, and shared preambles carry the gateway's own fingerprint, because prefix-affinity
+homes a prefix by a hash of both.
 
 Usage: cargo build --release && python3 bench/plan/reality.py [--workloads chat,rag,agent]
        [--duration 75] [--binary PATH] [--json OUT]
