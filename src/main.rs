@@ -60,6 +60,9 @@ enum Command {
         /// Also write a self-contained HTML report (charts) here.
         #[arg(long)]
         html: Option<PathBuf>,
+        /// Also write the answer as JSON here (every evaluated fleet size of every candidate).
+        #[arg(long)]
+        json: Option<PathBuf>,
         /// Scale the workload's traffic (a recorded trace: ×N copies; described: N × the rate).
         #[arg(long)]
         scale: Option<f64>,
@@ -103,9 +106,10 @@ fn main() -> anyhow::Result<()> {
         Command::Plan {
             plan,
             html,
+            json,
             scale,
             quiet,
-        } => run_plan(&plan, html.as_deref(), scale, quiet),
+        } => run_plan(&plan, html.as_deref(), json.as_deref(), scale, quiet),
         Command::Probe { url, timeout } => runtime()?.block_on(probe(url, timeout)),
         Command::Serve { config } => runtime()?.block_on(serve(config)),
         Command::Demo(args) => runtime()?.block_on(async move {
@@ -130,6 +134,7 @@ fn main() -> anyhow::Result<()> {
 fn run_plan(
     path: &std::path::Path,
     html: Option<&std::path::Path>,
+    json: Option<&std::path::Path>,
     scale: Option<f64>,
     quiet: bool,
 ) -> anyhow::Result<()> {
@@ -156,6 +161,10 @@ fn run_plan(
         if !quiet {
             eprintln!("report written to {}", out.display());
         }
+    }
+    if let Some(out) = json {
+        std::fs::write(out, sluice::plan::report::json(&report))
+            .with_context(|| format!("cannot write {}", out.display()))?;
     }
     Ok(())
 }

@@ -8,7 +8,10 @@
 //! [`RouteInput`] the proxy would (prompt, expected output learned per model, shared-prefix
 //! fingerprint and length), asks `Router::pick` with the configured policy, and takes a
 //! [`LoadGuard`] on the chosen backend; the first token calls `LoadGuard::first_token`, the end
-//! drops the guard and feeds `Speeds::observe` and `ModelShapes::observe`, as settlement does.
+//! drops the guard and feeds `Speeds::observe` and `ModelShapes::observe`, as settlement does
+//! (with the proxy's inputs: the expected output is the request's `max_tokens` when it set one,
+//! the prefill-speed sample is skipped when `would_queue` said so at the claim, and the busy
+//! count is the in-flight requests with the one ending).
 //! The scorer therefore reads the same in-flight counters and measured speeds it reads live.
 //! Engine metrics (running/waiting scrapes) are not simulated: the gateway's own counters, which
 //! the scorer takes when no scrape is fresh, are exact here because the planner is the only
@@ -32,6 +35,7 @@ use crate::config::{BackendConfig, BackendKind, Config, PolicyKind, Timeouts};
 use crate::fleet::signals::Signals;
 use crate::fleet::speed::Observation;
 use crate::fleet::{Backend, BackendState, LoadGuard};
+use crate::routing::score::would_queue;
 use crate::routing::{RouteInput, Router};
 
 /// The model name every planned request asks for.
@@ -46,6 +50,9 @@ pub struct Request {
     pub output_tokens: u32,
     /// The shared prefix it starts with (fingerprint, tokens), if any.
     pub prefix: Option<(u64, u32)>,
+    /// The output the client asked for at most (`max_tokens` × `n`), if it said: routing
+    /// expects that much output, as the proxy does; otherwise the learned average.
+    pub max_tokens: Option<u32>,
 }
 
 /// What happened to one request.
@@ -83,6 +90,9 @@ struct Engine {
 
 struct Live {
     guard: Option<LoadGuard>,
+    /// What the proxy decides when it claims the backend ([`would_queue`]): the request will
+    /// wait for a batch slot, so its TTFT is not a prefill-speed sample.
+    queued: bool,
     admitted_ns: u64,
     first_ns: Option<u64>,
 }
@@ -149,6 +159,7 @@ impl<'a> Sim<'a> {
             live: (0..reqs.len())
                 .map(|_| Live {
                     guard: None,
+                    queued: false,
                     admitted_ns: 0,
                     first_ns: None,
                 })
@@ -162,11 +173,12 @@ impl<'a> Sim<'a> {
 
     fn arrive(&mut self, i: usize, now: u64) {
         let r = self.reqs[i];
-        let output = self
+        let learned = self
             .router
             .shapes
             .output_tokens(MODEL)
             .unwrap_or(self.config.routing.default_max_tokens);
+        let output = r.max_tokens.map_or(learned, u64::from);
         let prompt = u64::from(r.prompt_tokens);
         let input = RouteInput {
             tokens: prompt + output,
@@ -179,6 +191,7 @@ impl<'a> Sim<'a> {
             .pick(&self.config, self.policy, &self.backends, &[], input)
             .unwrap_or(i % self.engines.len());
         let state = self.backends[e].0.state.clone();
+        self.live[i].queued = would_queue(&self.backends[e].0, MODEL);
         self.live[i].guard = Some(LoadGuard::new(state, input.load()));
         let (blocks, unique_blocks) = prompt_blocks(&r, self.block);
         let q = Queued {
@@ -254,9 +267,12 @@ impl<'a> Sim<'a> {
                 completion_tokens: u64::from(seq.out_len),
                 ttft: Some(Duration::from_nanos(first - r.at_ns)),
                 total: Duration::from_nanos(now - r.at_ns),
-                queued: live.admitted_ns > r.at_ns,
+                queued: live.queued,
             };
-            state.speeds().observe(&o, state.inflight_requests() as f64);
+            // as settlement counts it: the in-flight requests with this one
+            state
+                .speeds()
+                .observe(&o, state.inflight_requests() as f64 + 1.0);
         }
         let prompt = u64::from(seq.prompt_len);
         (self.router.shapes).observe(MODEL, prompt, prompt, u64::from(seq.out_len));

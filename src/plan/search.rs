@@ -203,6 +203,7 @@ mod tests {
                 prompt_tokens: 200,
                 output_tokens: 20,
                 prefix: None,
+                max_tokens: None,
             })
             .collect();
         let slo = Slo {

@@ -106,6 +106,7 @@ impl Described {
                 prompt_tokens: prompt,
                 output_tokens: self.output.sample(&mut rng),
                 prefix,
+                max_tokens: None,
             });
         }
         out
@@ -137,6 +138,9 @@ pub struct TraceRecord {
     /// Tokens of the shared prefix.
     #[serde(default)]
     pub prefix_tokens: u32,
+    /// The output the request asked for at most (`max_tokens` × `n`), if it set one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
 }
 
 /// Read a trace (one [`TraceRecord`] per line) into requests, keeping only `model` if given.
@@ -163,23 +167,21 @@ pub fn read_trace(text: &str, model: Option<&str>) -> Result<Vec<Request>, PlanE
                 PlanError::Trace(format!("line {}: `prefix` is not hexadecimal", n + 1))
             })?),
         };
-        recs.push((
-            r.ts,
-            r.prompt_tokens.max(1),
-            r.completion_tokens,
-            prefix,
-            r.prefix_tokens,
-        ));
+        recs.push((r, prefix));
     }
-    recs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let t0 = recs.first().map_or(0.0, |r| r.0);
+    recs.sort_by(|a, b| a.0.ts.total_cmp(&b.0.ts));
+    let t0 = recs.first().map_or(0.0, |r| r.0.ts);
     Ok(recs
         .into_iter()
-        .map(|(ts, prompt, out, fp, pt)| Request {
-            at_ns: ((ts - t0) * 1e9) as u64,
-            prompt_tokens: prompt,
-            output_tokens: out,
-            prefix: fp.map(|f| (f, pt.min(prompt))),
+        .map(|(r, fp)| {
+            let prompt = r.prompt_tokens.max(1);
+            Request {
+                at_ns: ((r.ts - t0) * 1e9) as u64,
+                prompt_tokens: prompt,
+                output_tokens: r.completion_tokens,
+                prefix: fp.map(|f| (f, r.prefix_tokens.min(prompt))),
+                max_tokens: r.max_tokens,
+            }
         })
         .collect())
 }
@@ -268,7 +270,7 @@ mod tests {
 
     #[test]
     fn a_trace_is_read_relative_to_its_first_arrival_and_scaled() {
-        let text = r#"{"ts":1000.5,"model":"m","api":"chat","prompt_tokens":10,"completion_tokens":5,"cached_tokens":0,"prefix":"00000000000000ff","prefix_tokens":8}
+        let text = r#"{"ts":1000.5,"model":"m","api":"chat","prompt_tokens":10,"completion_tokens":5,"cached_tokens":0,"prefix":"00000000000000ff","prefix_tokens":8,"max_tokens":64}
 {"ts":1000.0,"model":"m","api":"chat","prompt_tokens":20,"completion_tokens":7}
 {"ts":1001.0,"model":"other","api":"chat","prompt_tokens":20,"completion_tokens":7}
 "#;
@@ -277,6 +279,7 @@ mod tests {
         assert_eq!(reqs[0].at_ns, 0);
         assert_eq!(reqs[1].at_ns, 500_000_000);
         assert_eq!(reqs[1].prefix, Some((255, 8)));
+        assert_eq!((reqs[0].max_tokens, reqs[1].max_tokens), (None, Some(64)));
         assert_eq!(scale(&reqs, 3.0, 1).len(), 6);
         let err = read_trace("{\"ts\":1}\n", None).expect_err("fields missing");
         assert!(err.to_string().contains("line 1"), "{err}");

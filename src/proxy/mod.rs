@@ -838,6 +838,8 @@ fn trace_hook(p: &Prepared, trace: Arc<crate::telemetry::trace::TraceWriter>) ->
     let api = p.api.path();
     let prefix = p.input.prefix_hash.map(|h| format!("{h:016x}"));
     let prefix_tokens = p.input.prefix_tokens;
+    // what routing expects as output when the client set a limit (0: it did not)
+    let max_tokens = Some(p.api.expected_output(&p.fields, 0)).filter(|m| *m > 0);
     Box::new(move |o: &Outcome| {
         let Some(u) = o.usage else {
             return;
@@ -854,6 +856,7 @@ fn trace_hook(p: &Prepared, trace: Arc<crate::telemetry::trace::TraceWriter>) ->
             cached_tokens: 0,
             prefix: prefix.clone(),
             prefix_tokens: if prefix.is_some() { prefix_tokens } else { 0 },
+            max_tokens,
         });
     })
 }

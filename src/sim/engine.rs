@@ -14,7 +14,8 @@
 //! - A request whose receiver is dropped (client gone) leaves the queue or the batch and frees
 //!   its KV reservation at the next step.
 //! - The gauges in [`ModelStats`] are written only by the scheduler, except `waiting`, which
-//!   `submit` increments so admission limits see a request at once.
+//!   `submit` increments so admission limits see a request at once; `waiting_scheduled` is
+//!   what the last admission round left waiting (what vLLM reports).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -238,6 +239,7 @@ impl Scheduler {
         let s = &self.stats;
         let running = &self.batch.running;
         s.running.store(running.len() as u64, Relaxed);
+        (s.waiting_scheduled).store(self.batch.waiting.len() as u64, Relaxed);
         let used: u64 = running
             .iter()
             .map(|q| u64::from(q.prompt_len) + u64::from(q.generated))

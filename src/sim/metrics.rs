@@ -87,7 +87,13 @@ pub(crate) const LATENCY_BUCKETS: &[f64] = &[
 
 /// Per-model statistics.
 pub(crate) struct ModelStats {
+    /// Requests submitted and not admitted yet, at once (TGI's queue gauge moves on arrival;
+    /// admission limits count these).
     pub waiting: AtomicU64,
+    /// Requests the scheduler left waiting at its last admission round: vLLM's
+    /// `num_requests_waiting`, which its scheduler reports after each step, so a request that
+    /// arrives during a step and is admitted at the next one never shows as waiting.
+    pub waiting_scheduled: AtomicU64,
     pub running: AtomicU64,
     pub kv_used_tokens: AtomicU64,
     pub kv_reserved_tokens: AtomicU64,
@@ -113,6 +119,7 @@ impl ModelStats {
     pub(crate) fn new(kv_capacity: u64) -> Self {
         ModelStats {
             waiting: AtomicU64::new(0),
+            waiting_scheduled: AtomicU64::new(0),
             running: AtomicU64::new(0),
             kv_used_tokens: AtomicU64::new(0),
             kv_reserved_tokens: AtomicU64::new(0),
@@ -302,7 +309,7 @@ pub(crate) fn render_vllm(model: &str, s: &ModelStats, kv_capacity: u64, block: 
         model,
         created: go_float(s.created),
     };
-    let waiting = s.waiting.load(Relaxed) as f64;
+    let waiting = s.waiting_scheduled.load(Relaxed) as f64;
     e.gauge(
         "vllm:num_requests_running",
         "Number of requests in model execution batches.",

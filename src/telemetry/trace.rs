@@ -28,6 +28,9 @@ pub struct TraceLine<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
     pub prefix_tokens: u64,
+    /// The output the request asked for at most (`max_tokens` × `n`), if it set one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
 }
 
 /// The handle requests write through.

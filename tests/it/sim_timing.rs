@@ -227,3 +227,30 @@ async fn speed_zero_answers_at_once_even_for_long_answers() {
     assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 16);
     assert!(t.elapsed() < Duration::from_secs(2));
 }
+
+/// vLLM reports `num_requests_waiting` from its scheduler after each step: a request that
+/// arrives during a step and joins the batch at the next one is never counted as waiting
+/// there (a gateway learning batch limits from "running while others wait" would read a batch
+/// with room as full). `/sim/state` counts it at once.
+#[tokio::test]
+async fn a_request_arriving_mid_step_is_not_reported_waiting_by_vllm_metrics() {
+    // decode steps of 300 ms, room for 8
+    let sim = start(SimKind::Vllm, &["m"], |c: SimConfig| {
+        c.timing(timing(10, 300_000)).max_num_seqs(8)
+    })
+    .await;
+    let c = client();
+    let url = sim.url();
+    let first = long_request(&c, &url, "first", 20);
+    wait_state(&c, &url, |s| s["running"] == 1).await;
+    let second = long_request(&c, &url, "second", 2);
+    wait_state(&c, &url, |s| s["waiting"] == 1).await;
+    let m = get_text(&c, format!("{url}/metrics")).await;
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("vllm:num_requests_waiting{"))
+        .expect("the waiting gauge");
+    assert!(line.ends_with(" 0.0"), "{line}");
+    assert_eq!(second.await.unwrap(), 200);
+    assert_eq!(first.await.unwrap(), 200);
+}

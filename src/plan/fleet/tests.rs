@@ -18,6 +18,7 @@ fn req(at_ms: u64, prompt: u32, output: u32) -> Request {
         prompt_tokens: prompt,
         output_tokens: output,
         prefix: None,
+        max_tokens: None,
     }
 }
 
