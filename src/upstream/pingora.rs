@@ -173,25 +173,26 @@ fn request_head(
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut req =
         RequestHeader::build_no_case(parts.method.clone(), path.as_bytes(), None).map_err(http)?;
-    req.headers = parts.headers.clone();
-    for name in [
-        header::CONTENT_LENGTH,
-        header::TRANSFER_ENCODING,
-        header::CONNECTION,
-    ] {
-        req.headers.remove(name);
+    for (name, value) in &parts.headers {
+        if matches!(
+            *name,
+            header::CONTENT_LENGTH | header::TRANSFER_ENCODING | header::CONNECTION
+        ) {
+            continue;
+        }
+        req.append_header(name, value).map_err(http)?;
     }
-    if !req.headers.contains_key(header::HOST) {
+    if !parts.headers.contains_key(header::HOST) {
         let host = HeaderValue::from_str(authority).map_err(|_| Error::Url(authority.into()))?;
-        req.headers.insert(header::HOST, host);
+        req.insert_header(header::HOST, host).map_err(http)?;
     }
     let bodiless = matches!(
         parts.method,
         Method::GET | Method::HEAD | Method::DELETE | Method::OPTIONS
     );
     if body_len > 0 || !bodiless {
-        req.headers
-            .insert(header::CONTENT_LENGTH, HeaderValue::from(body_len));
+        req.insert_header(header::CONTENT_LENGTH, HeaderValue::from(body_len))
+            .map_err(http)?;
     }
     Ok(Box::new(req))
 }
