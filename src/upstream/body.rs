@@ -21,8 +21,6 @@ pub type UpstreamResponse = http::Response<Body>;
 pub enum Body {
     Lean(h1::Body),
     Hyper(Incoming),
-    #[cfg(feature = "pingora-upstream")]
-    Pingora(super::pingora::Body),
 }
 
 /// Why a body or a request failed, from either client.
@@ -34,9 +32,6 @@ pub enum ClientError {
     Hyper(#[from] hyper::Error),
     #[error(transparent)]
     HyperClient(#[from] hyper_util::client::legacy::Error),
-    #[cfg(feature = "pingora-upstream")]
-    #[error(transparent)]
-    Pingora(#[from] super::pingora::Error),
 }
 
 impl ClientError {
@@ -46,8 +41,6 @@ impl ClientError {
             ClientError::Lean(e) => e.is_connect(),
             ClientError::Hyper(_) => false,
             ClientError::HyperClient(e) => e.is_connect(),
-            #[cfg(feature = "pingora-upstream")]
-            ClientError::Pingora(e) => e.is_connect(),
         }
     }
 }
@@ -63,8 +56,6 @@ impl http_body::Body for Body {
         match self.get_mut() {
             Body::Lean(b) => Pin::new(b).poll_frame(cx).map_err(ClientError::from),
             Body::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(ClientError::from),
-            #[cfg(feature = "pingora-upstream")]
-            Body::Pingora(b) => Pin::new(b).poll_frame(cx).map_err(ClientError::from),
         }
     }
 
@@ -72,8 +63,6 @@ impl http_body::Body for Body {
         match self {
             Body::Lean(b) => b.is_end_stream(),
             Body::Hyper(b) => b.is_end_stream(),
-            #[cfg(feature = "pingora-upstream")]
-            Body::Pingora(b) => b.is_end_stream(),
         }
     }
 
@@ -81,8 +70,6 @@ impl http_body::Body for Body {
         match self {
             Body::Lean(b) => b.size_hint(),
             Body::Hyper(b) => b.size_hint(),
-            #[cfg(feature = "pingora-upstream")]
-            Body::Pingora(b) => b.size_hint(),
         }
     }
 }

@@ -122,8 +122,6 @@ impl Pools {
         };
         self.pools[i.min(n - 1)].get_or_init(|| ThreadClient {
             lean: Arc::new(h1::Pool::new(h1_settings(self.connect_timeout))),
-            #[cfg(feature = "pingora-upstream")]
-            pingora: Arc::new(super::pingora::Pool::new(h1_settings(self.connect_timeout))),
             hyper: OnceLock::new(),
             tls: self.tls.clone(),
             connect_timeout: self.connect_timeout,
@@ -136,8 +134,6 @@ impl Pools {
 #[derive(Debug)]
 pub struct ThreadClient {
     lean: Arc<h1::Pool>,
-    #[cfg(feature = "pingora-upstream")]
-    pingora: Arc<super::pingora::Pool>,
     hyper: OnceLock<HttpClient>,
     tls: Arc<rustls::ClientConfig>,
     connect_timeout: Duration,
@@ -147,11 +143,6 @@ impl ThreadClient {
     /// Send `req`; returns at the response head. `http://` goes through [`h1`], anything else
     /// through hyper.
     pub async fn request(&self, req: Request<Bytes>) -> Result<UpstreamResponse, ClientError> {
-        #[cfg(feature = "pingora-upstream")]
-        if req.uri().scheme_str() == Some("http") {
-            let resp = super::pingora::send(&self.pingora, req).await?;
-            return Ok(resp.map(Body::Pingora));
-        }
         if req.uri().scheme_str() == Some("http") {
             let resp = h1::send(&self.lean, req).await?;
             return Ok(resp.map(Body::Lean));

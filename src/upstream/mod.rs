@@ -4,8 +4,6 @@
 //!   ([`Pools`]), and the TLS client configuration a fleet's backends share ([`BackendTls`],
 //!   built from the config snapshot's `[backend_tls]`).
 //! - [`h1`]: the HTTP/1.1 client for plain-http backends, run in the request's own task.
-//! - `pingora` (with `--features pingora-upstream`): the same path on pingora-core's HTTP/1
-//!   client instead of [`h1`], for the A/B in bench/README.md.
 //! - [`body`]: the response body of either client behind one type ([`Body`]).
 //! - [`send`](mod@send): sending one attempt and classifying what came back
 //!   ([`AttemptError`]), the description of a client error, `Retry-After` parsing.
@@ -20,8 +18,6 @@
 pub mod body;
 pub mod client;
 pub mod h1;
-#[cfg(feature = "pingora-upstream")]
-pub mod pingora;
 pub mod send;
 
 pub use body::{Body, ClientError, UpstreamResponse};
