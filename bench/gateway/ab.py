@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A/B of two Sluice builds in one run: same simulators, same nginx baseline, alternating rounds.
+"""A/B of two (or three) Sluice builds in one run: same simulators, same nginx baseline, alternating
+rounds.
 
 Machines here are noisy, so a change to the data path is judged against the build before it in
 the same run, never against figures from another day. Both builds serve the realistic "full"
@@ -17,7 +18,7 @@ reference), then N concurrent streams held on a sim sending a token per second, 
 per held stream and the idle RSS of a fresh gateway of each build.
 
 Usage:
-  python3 bench/gateway/ab.py --a OLD_BINARY --b NEW_BINARY [--rounds 4] [--seconds 6] [--streams 10000]
+  python3 bench/gateway/ab.py --a OLD_BINARY --b NEW_BINARY [--c THIRD_BINARY] [--rounds 4] [--seconds 6] [--streams 10000]
   python3 bench/gateway/ab.py --smoke --a BIN --b BIN     # seconds; keeps the harness working
 """
 
@@ -75,13 +76,13 @@ def summary(rounds):
     return s
 
 
-def streaming(procs, a, b, n, toks):
-    """Gap fidelity and TTFB: direct, nginx, a, b on one 10 ms-per-token sim."""
-    sp = sim(procs, b, ["--speed", "1", "--decode-base-us", "10000", "--decode-per-seq-us", "0",
+def streaming(procs, builds, n, toks):
+    """Gap fidelity and TTFB: direct, nginx and each build on one 10 ms-per-token sim."""
+    sp = sim(procs, builds[-1][1], ["--speed", "1", "--decode-base-us", "10000", "--decode-per-seq-us", "0",
                         "--prefill-us-per-token", "1", "--min-output-tokens", "1000", "--max-output-tokens", "2000"])
     auth = {"Authorization": f"Bearer {BENCH_KEY}"}
     ports = [("direct", sp, {}), ("nginx", start_nginx(procs, [sp], tempfile.mkdtemp(prefix="sluice-ab-sn-"))[0], {})]
-    for name, binary in (("a", a), ("b", b)):
+    for name, binary in builds:
         port, _ = start_sluice(procs, binary, [sp], True, tempfile.mkdtemp(prefix=f"sluice-ab-s{name}-"))
         ports.append((name, port, auth))
     out = {}
@@ -93,15 +94,15 @@ def streaming(procs, a, b, n, toks):
     return out
 
 
-def held(procs, a, b, n):
-    """n concurrent streams through nginx, a and b in turn (a fresh gateway each, one slow sim)."""
-    hold = sim(procs, b, ["--speed", "1", "--decode-base-us", "1000000", "--decode-per-seq-us", "0",
+def held(procs, builds, n):
+    """n concurrent streams through nginx and each build in turn (a fresh gateway each, one slow sim)."""
+    hold = sim(procs, builds[-1][1], ["--speed", "1", "--decode-base-us", "1000000", "--decode-per-seq-us", "0",
                           "--max-num-seqs", "100000", "--kv-capacity-tokens", "1000000000",
                           "--min-output-tokens", "1000", "--max-output-tokens", "2000"])
     auth = {"Authorization": f"Bearer {BENCH_KEY}"}
     port, proc = start_nginx(procs, [hold], tempfile.mkdtemp(prefix="sluice-ab-hn-"))
     out = {"nginx": asyncio.run(hold_streams(port, {}, n, proc.pid))}
-    for name, binary in (("a", a), ("b", b)):
+    for name, binary in builds:
         port, proc = start_sluice(procs, binary, [hold], True, tempfile.mkdtemp(prefix=f"sluice-ab-h{name}-"))
         idle = rss_mb(proc.pid)
         out[name] = asyncio.run(hold_streams(port, auth, n, proc.pid))
@@ -115,6 +116,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--a", required=True, help="the build before the change")
     ap.add_argument("--b", required=True, help="the build with the change")
+    ap.add_argument("--c", help="a third build, measured beside a and b")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=int, default=6)
     ap.add_argument("--streams", type=int, default=0, help="held streams after the rounds (0: none)")
@@ -127,45 +129,48 @@ def main():
     secs, rounds = (1, 1) if args.smoke else (args.seconds, args.rounds)
     procs = Procs()
     tmp = tempfile.mkdtemp(prefix="sluice-ab-")
-    results = {"a": shown(args.a), "b": shown(args.b), "seconds": secs, "rounds": []}
+    builds = [("a", args.a), ("b", args.b)] + ([("c", args.c)] if args.c else [])
+    results = {**{n: shown(b) for n, b in builds}, "seconds": secs, "rounds": []}
     try:
         sims = [sim(procs, args.b, ["--speed", "0", "--max-model-len", "4000000"]) for _ in range(2)]
         nginx_port, nginx_proc = start_nginx(procs, sims, tmp)
-        a_port, a_proc = start_sluice(procs, args.a, sims, True, tempfile.mkdtemp(prefix="sluice-ab-a-"))
-        b_port, b_proc = start_sluice(procs, args.b, sims, True, tempfile.mkdtemp(prefix="sluice-ab-b-"))
-        ab_port, ab_proc = start_sluice(procs, args.a, sims, False, tempfile.mkdtemp(prefix="sluice-ab-ab-"))
-        bb_port, bb_proc = start_sluice(procs, args.b, sims, False, tempfile.mkdtemp(prefix="sluice-ab-bb-"))
         auth = {"Authorization": f"Bearer {BENCH_KEY}"}
-        targets = {"nginx": (nginx_port, {}, nginx_proc), "a": (a_port, auth, a_proc), "b": (b_port, auth, b_proc),
-                   "a-bare": (ab_port, {}, ab_proc), "b-bare": (bb_port, {}, bb_proc)}
+        targets = {"nginx": (nginx_port, {}, nginx_proc)}
+        for name, binary in builds:
+            port, proc = start_sluice(procs, binary, sims, True, tempfile.mkdtemp(prefix=f"sluice-ab-{name}-"))
+            targets[name] = (port, auth, proc)
+        for name, binary in builds:
+            port, proc = start_sluice(procs, binary, sims, False, tempfile.mkdtemp(prefix=f"sluice-ab-{name}b-"))
+            targets[f"{name}-bare"] = (port, {}, proc)
         body = os.path.join(tmp, "small.json")
         with open(body, "w") as f:
             f.write(SMALL_BODY)
         first = round_of(targets, secs, body, 0)
-        rate = max(50, int(0.3 * min(first["a"]["rps"], first["b"]["rps"])))
+        rate = max(50, int(0.3 * min(first[n]["rps"] for n, _ in builds)))
         results["fixed_rate"] = rate
         results["rounds"].append(first)
         for _ in range(rounds):
             results["rounds"].append(round_of(targets, secs, body, rate))
-        for p in (a_proc, b_proc, ab_proc, bb_proc):
+        for p in (proc for t, (_, _, proc) in targets.items() if t != "nginx"):
             p.terminate()
             p.wait()
         n_streams = 200 if args.smoke else args.streams
         if n_streams:
-            results["streaming"] = streaming(procs, args.a, args.b, *((2, 20) if args.smoke else (10, 100)))
-            results["held_streams"] = held(procs, args.a, args.b, n_streams)
+            results["streaming"] = streaming(procs, builds, *((2, 20) if args.smoke else (10, 100)))
+            results["held_streams"] = held(procs, builds, n_streams)
     finally:
         procs.stop()
 
     s = summary(results["rounds"])
     results["summary"] = s
     ng = s["nginx"]
-    results["ratios"] = {"rps_b_over_a": round(s["b"]["rps"] / s["a"]["rps"], 3),
-                         "cpu_b_over_a": round(s["b"]["cpu_s_per_10k"] / max(1e-9, s["a"]["cpu_s_per_10k"]), 3),
-                         **{f"{t}_over_nginx": round(s[t]["rps"] / ng["rps"], 3)
-                            for t in ("a", "b", "a-bare", "b-bare")},
+    others = [t for t in s if t != "nginx"]
+    results["ratios"] = {**{f"rps_{n}_over_a": round(s[n]["rps"] / s["a"]["rps"], 3) for n, _ in builds[1:]},
+                         **{f"cpu_{n}_over_a": round(s[n]["cpu_s_per_10k"] / max(1e-9, s["a"]["cpu_s_per_10k"]), 3)
+                            for n, _ in builds[1:]},
+                         **{f"{t}_over_nginx": round(s[t]["rps"] / ng["rps"], 3) for t in others},
                          **{f"{t}_cpu_over_nginx": round(s[t]["cpu_s_per_10k"] / max(1e-9, ng["cpu_s_per_10k"]), 3)
-                            for t in ("a", "b", "a-bare", "b-bare")}}
+                            for t in others}}
     print(f"\n{'target':<7} {'sat rps':>9} {'cpu s/10k':>10} {'c1 p50 ms':>10} {'c1 p99 ms':>10} "
           f"{'p99 @' + str(results.get('fixed_rate', '')) + '/s':>12} {'errors':>7}")
     for n, v in s.items():
