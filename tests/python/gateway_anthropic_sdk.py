@@ -11,10 +11,10 @@ Prints one line per check and exits non-zero on the first failure.
 """
 
 import os
-import sys
 
 import anthropic
 from anthropic import Anthropic
+from checks import check, done, raises
 
 base_url = os.environ["SLUICE_BASE_URL"]
 model = os.environ["SLUICE_MODEL"]
@@ -27,27 +27,6 @@ def make(key):
 
 
 client = make(os.environ["SLUICE_KEY"])
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        print(f"FAIL {name}: {detail}")
-        sys.exit(1)
-    passed += 1
-    print(f"ok   {name}")
-
-
-def raises(name, cls, fn):
-    try:
-        fn()
-    except cls as e:
-        check(name, True)
-        return e
-    except Exception as e:  # noqa: BLE001 - the wrong class is the failure reported
-        check(name, False, f"raised {type(e).__name__}: {e}")
-    check(name, False, "did not raise")
 
 
 say = [{"role": "user", "content": "Say hello"}]
@@ -115,4 +94,4 @@ e = raises(
 check("rate_limit_error type", e.body["error"]["type"] == "rate_limit_error", e.body)
 check("retry-after", "retry-after" in e.response.headers, dict(e.response.headers))
 
-print(f"{passed} passed, 0 failed")
+done()

@@ -9,25 +9,15 @@ Prints one line per check and exits non-zero on the first failure.
 """
 
 import os
-import sys
 
 import openai
 from openai import OpenAI
+from checks import check, done
 
 model = os.environ["SLUICE_MODEL"]
 cut_model = os.environ["SLUICE_CUT_MODEL"]
 one = OpenAI(base_url=os.environ["SLUICE_BASE_URL"], api_key="sk-test", max_retries=0, timeout=30)
 two = OpenAI(base_url=os.environ["SLUICE_BASE_URL_2"], api_key="sk-test", max_retries=0, timeout=30)
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        print(f"FAIL {name}: {detail}")
-        sys.exit(1)
-    passed += 1
-    print(f"ok   {name}")
 
 
 # Whole, through replica 1.
@@ -87,4 +77,4 @@ try:
 except openai.APIError as err:
     check("cut stream helper raises APIError", "incomplete" in str(err.message), err)
 
-print(f"{passed} passed, 0 failed")
+done()

@@ -10,23 +10,13 @@ no exception, the text, one text block, a stop reason and usage. Exits non-zero 
 """
 
 import os
-import sys
 
 from anthropic import Anthropic
+from checks import check, done
 
 client = Anthropic(base_url=os.environ["SLUICE_BASE_URL"], api_key="sk-test", max_retries=0, timeout=30)
 model = os.environ["SLUICE_MODEL"]
 want = os.environ["SLUICE_WANT_TEXT"]
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        print(f"FAIL {name}: {detail}")
-        sys.exit(1)
-    passed += 1
-    print(f"ok   {name}")
 
 
 for attempt in range(2):
@@ -47,4 +37,4 @@ for attempt in range(2):
         final.usage,
     )
 
-print(f"{passed} passed, 0 failed")
+done()

@@ -11,29 +11,19 @@ on the cutting backend) must read as that answer: no exception, one response who
 """
 
 import os
-import sys
 
 from openai import OpenAI
+from checks import check, done
 
 client = OpenAI(base_url=os.environ["SLUICE_BASE_URL"], api_key="sk-test", max_retries=0, timeout=30)
 model = os.environ["SLUICE_MODEL"]
 want = os.environ["SLUICE_WANT_TEXT"]
-passed = 0
 request = dict(
     model=model,
     max_output_tokens=40,
     instructions="Be brief.",
     input=[{"role": "user", "content": [{"type": "input_text", "text": "Tell me about the sea."}]}],
 )
-
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        print(f"FAIL {name}: {detail}")
-        sys.exit(1)
-    passed += 1
-    print(f"ok   {name}")
 
 
 for attempt in range(2):
@@ -63,4 +53,4 @@ for attempt in range(2):
     check(f"create {attempt}: same response", last.id == events[0].response.id, (last.id, events[0].response.id))
     check(f"create {attempt}: output_text", last.output_text == want, f"{last.output_text!r} vs {want!r}")
 
-print(f"{passed} passed, 0 failed")
+done()

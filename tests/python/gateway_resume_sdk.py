@@ -16,9 +16,9 @@ failure.
 """
 
 import os
-import sys
 
 from openai import APIConnectionError, APIError, APIStatusError, OpenAI
+from checks import check, done
 
 client = OpenAI(
     base_url=os.environ["SLUICE_BASE_URL"], api_key="sk-test", max_retries=0, timeout=30
@@ -26,16 +26,6 @@ client = OpenAI(
 model = os.environ["SLUICE_MODEL"]
 want = os.environ["SLUICE_WANT_TEXT"]
 cut_backend = os.environ["SLUICE_CUT_BACKEND"]
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        print(f"FAIL {name}: {detail}")
-        sys.exit(1)
-    passed += 1
-    print(f"ok   {name}")
 
 
 for attempt in range(2):
@@ -117,4 +107,4 @@ for attempt in range(4):
 else:
     check("a structured stream started on the cut backend", False, backends)
 
-print(f"{passed} passed, 0 failed")
+done()

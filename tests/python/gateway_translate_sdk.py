@@ -12,12 +12,12 @@ Prints one line per check and exits non-zero on the first failure.
 
 import json
 import os
-import sys
 
 import anthropic
 import openai
 from anthropic import Anthropic
 from openai import OpenAI
+from checks import check, done, raises
 
 base_url = os.environ["SLUICE_BASE_URL"]
 model = os.environ["SLUICE_MODEL"]
@@ -27,27 +27,6 @@ served_by = set(os.environ["SLUICE_SERVED_BY"].split(","))
 
 oa = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=30)
 an = Anthropic(base_url=base_url, api_key="unused", max_retries=0, timeout=30)
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        print(f"FAIL {name}: {detail}")
-        sys.exit(1)
-    passed += 1
-    print(f"ok   {name}")
-
-
-def raises(name, cls, fn):
-    try:
-        fn()
-    except cls as e:
-        check(name, True)
-        return e
-    except Exception as e:  # noqa: BLE001 - the wrong class is the failure reported
-        check(name, False, f"raised {type(e).__name__}: {e}")
-    check(name, False, "did not raise")
 
 
 def backend_of(raw):
@@ -204,4 +183,4 @@ def cut_messages():
 
 raises("messages mid-stream failure raises", anthropic.APIStatusError, cut_messages)
 
-print(f"{passed} passed, 0 failed")
+done()

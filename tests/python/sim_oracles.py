@@ -5,24 +5,17 @@ SIM_VLLM_URL, SIM_TGI_URL, SIM_OLLAMA_URL, and SIM_VLLM_STORE_URL (a vLLM simula
 Responses store on, at real speed). Exits non-zero on the first failed check.
 """
 import os
-import sys
 
 import anthropic
 import ollama
 import openai
 from text_generation import Client as TgiClient
+from checks import check
 
 VLLM = os.environ["SIM_VLLM_URL"]
 VLLM_STORE = os.environ["SIM_VLLM_STORE_URL"]
 TGI = os.environ["SIM_TGI_URL"]
 OLLAMA = os.environ["SIM_OLLAMA_URL"]
-
-
-def check(name, cond, detail=""):
-    if not cond:
-        print(f"FAIL {name} {detail}")
-        sys.exit(1)
-    print(f"ok   {name}")
 
 
 def openai_surface(label, base, model, embeddings):
