@@ -15,6 +15,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::{continue_chat, json_str, object, Continuation, Rewritten, Transcript};
+use crate::api::translate::write_raw_event;
 use crate::api::{ClientApi, Usage, CHAT};
 use crate::config::BackendKind;
 
@@ -90,14 +91,6 @@ struct ChatDelta<'a> {
     content: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default)]
     tool_calls: Option<&'a RawValue>,
-}
-
-fn event(kind: &str, data: &str, out: &mut BytesMut) {
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(kind.as_bytes());
-    out.extend_from_slice(b"\ndata: ");
-    out.extend_from_slice(data.as_bytes());
-    out.extend_from_slice(b"\n\n");
 }
 
 /// The text of a content value made of text only (a string or text blocks); `None` for any
@@ -260,7 +253,7 @@ impl Continuation for MessagesContinuation {
     fn rewrite(&self, data: &[u8], t: &mut Transcript, usage: Option<Usage>) -> Rewritten {
         let mut out = BytesMut::new();
         if data == b"[DONE]" {
-            event("message_stop", "{\"type\":\"message_stop\"}", &mut out);
+            write_raw_event(&mut out, "message_stop", "{\"type\":\"message_stop\"}");
             return Rewritten::Events(out.freeze());
         }
         let Ok(chunk) = serde_json::from_slice::<ChatChunk<'_>>(data) else {
@@ -275,12 +268,12 @@ impl Continuation for MessagesContinuation {
                         let i = t.next_block();
                         t.block = Some(i);
                         let start = format!("{{\"type\":\"content_block_start\",\"content_block\":{{\"type\":\"text\",\"text\":\"\"}},\"index\":{i}}}");
-                        event("content_block_start", &start, &mut out);
+                        write_raw_event(&mut out, "content_block_start", &start);
                         i
                     }
                 };
                 let delta = format!("{{\"type\":\"content_block_delta\",\"delta\":{{\"type\":\"text_delta\",\"text\":{}}},\"index\":{index}}}", json_str(text));
-                event("content_block_delta", &delta, &mut out);
+                write_raw_event(&mut out, "content_block_delta", &delta);
             }
             if c.delta.as_ref().is_some_and(|d| d.tool_calls.is_some()) {
                 t.stop = Some("tool_calls".into());
@@ -293,11 +286,11 @@ impl Continuation for MessagesContinuation {
         if let (true, Some(u)) = (is_usage, usage) {
             if let Some(i) = t.block.take() {
                 let stop = format!("{{\"type\":\"content_block_stop\",\"index\":{i}}}");
-                event("content_block_stop", &stop, &mut out);
+                write_raw_event(&mut out, "content_block_stop", &stop);
             }
             let reason = stop_reason(t.stop.as_deref().unwrap_or("stop"));
             let delta = format!("{{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{reason}\",\"stop_sequence\":null}},\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}}}}}", u.prompt_tokens, u.completion_tokens);
-            event("message_delta", &delta, &mut out);
+            write_raw_event(&mut out, "message_delta", &delta);
         }
         if out.is_empty() {
             Rewritten::Drop

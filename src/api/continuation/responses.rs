@@ -32,7 +32,7 @@ use serde_json::{Map, Value};
 use super::{
     continue_chat, json_str, object, Chunk, Continuation, Rewritten, Transcript, CHAT_CONTINUATION,
 };
-use crate::api::translate::{fresh_id, responses::TRANSLATOR};
+use crate::api::translate::{fresh_id, responses::TRANSLATOR, write_raw_event};
 use crate::api::{ClientApi, Usage, CHAT};
 use crate::config::BackendKind;
 use crate::openai::edit::{self, Splice};
@@ -163,11 +163,7 @@ fn event(t: &mut Transcript, kind: &str, before: &str, after: &str, out: &mut By
     let seq = t.seq.map_or(0, |s| s + 1);
     t.seq = Some(seq);
     let data = format!("{{{before}\"sequence_number\":{seq},{after}\"type\":\"{kind}\"}}");
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(kind.as_bytes());
-    out.extend_from_slice(b"\ndata: ");
-    out.extend_from_slice(data.as_bytes());
-    out.extend_from_slice(b"\n\n");
+    write_raw_event(out, kind, &data);
 }
 
 /// The output message item with its whole text, as vLLM writes it.

@@ -120,10 +120,15 @@ pub fn untranslatable(param: &str, why: &str) -> ApiError {
 
 /// Write one typed SSE event (`event: <kind>` + `data: <json>`).
 pub fn write_event(out: &mut BytesMut, kind: &str, data: &Value) {
+    write_raw_event(out, kind, &data.to_string());
+}
+
+/// [`write_event`] with its data already written as JSON text.
+pub fn write_raw_event(out: &mut BytesMut, kind: &str, json: &str) {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(kind.as_bytes());
     out.extend_from_slice(b"\ndata: ");
-    out.extend_from_slice(data.to_string().as_bytes());
+    out.extend_from_slice(json.as_bytes());
     out.extend_from_slice(b"\n\n");
 }
 
