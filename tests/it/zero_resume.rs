@@ -36,6 +36,21 @@ async fn cutting_sim(chunks: u32) -> sluice::sim::SimHandle {
     s
 }
 
+/// A sim cutting its streams after `chunks` chunks (named `cut` in the gateway), a healthy
+/// vLLM sim (`b`), and the gateway over both; `extra`: more config.
+async fn cut_and_healthy(
+    chunks: u32,
+    cut: &str,
+    extra: &str,
+) -> (sluice::sim::SimHandle, sluice::sim::SimHandle, TestGateway) {
+    let (a, b) = (
+        cutting_sim(chunks).await,
+        sim(SimKind::Vllm, &[MODEL]).await,
+    );
+    let g = gateway(&[(cut, "vllm", a.url()), ("b", "vllm", b.url())], extra).await;
+    (a, b, g)
+}
+
 /// Post `body` to `path` until the stream starts on `first` (round-robin: within a few
 /// tries); the event payloads it delivered.
 async fn stream_from(g: &TestGateway, path: &str, body: &Value, first: &str) -> Vec<String> {
@@ -157,12 +172,7 @@ fn chat(max_tokens: u32) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_stream_cut_after_tokens_continues_unbroken_on_another_backend() {
-    let (a, b) = (cutting_sim(6).await, sim(SimKind::Vllm, &[MODEL]).await);
-    let g = gateway(
-        &[("cut-chat", "vllm", a.url()), ("b", "vllm", b.url())],
-        "[admin]\nlisten = \"127.0.0.1:0\"\n",
-    )
-    .await;
+    let (_a, b, g) = cut_and_healthy(6, "cut-chat", "[admin]\nlisten = \"127.0.0.1:0\"\n").await;
     let body = chat(40);
     let want = read(&reference(&b.url(), "/v1/chat/completions", &body).await);
     assert!(want.chunks.len() > 10, "the answer is longer than the cut");
@@ -271,8 +281,7 @@ async fn tgi_and_ollama_continue_a_chat_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completions_stream_continues_with_the_text_so_far() {
-    let (a, b) = (cutting_sim(4).await, sim(SimKind::Vllm, &[MODEL]).await);
-    let g = gateway(&[("cut-cmpl", "vllm", a.url()), ("b", "vllm", b.url())], "").await;
+    let (_a, b, g) = cut_and_healthy(4, "cut-cmpl", "").await;
     let body = json!({"model": MODEL, "stream": true, "max_tokens": 30, "seed": 3,
         "stream_options": {"include_usage": true}, "prompt": "Once upon a time"});
     let want = read(&reference(&b.url(), "/v1/completions", &body).await);
@@ -292,12 +301,7 @@ async fn a_completions_stream_continues_with_the_text_so_far() {
 /// Without `include_usage` the client gets no usage chunk from the continuation either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forced_usage_stays_hidden_after_a_continuation() {
-    let (a, b) = (cutting_sim(3).await, sim(SimKind::Vllm, &[MODEL]).await);
-    let g = gateway(
-        &[("cut-hidden", "vllm", a.url()), ("b", "vllm", b.url())],
-        "",
-    )
-    .await;
+    let (_a, b, g) = cut_and_healthy(3, "cut-hidden", "").await;
     let body = json!({"model": MODEL, "stream": true, "max_tokens": 20, "seed": 5,
         "messages": [{"role": "user", "content": "hi"}]});
     let want = read(&reference(&b.url(), "/v1/chat/completions", &body).await);
@@ -354,12 +358,7 @@ fn terminal(payloads: &[String]) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_that_cannot_be_continued_keep_the_terminal_error() {
-    let (a, b) = (cutting_sim(4).await, sim(SimKind::Vllm, &[MODEL]).await);
-    let g = gateway(
-        &[("cut-refused", "vllm", a.url()), ("b", "vllm", b.url())],
-        "",
-    )
-    .await;
+    let (_a, _b, g) = cut_and_healthy(4, "cut-refused", "").await;
     let with = |k: &str, v: Value| {
         let mut body = chat(30);
         body[k] = v;
@@ -389,12 +388,7 @@ async fn requests_that_cannot_be_continued_keep_the_terminal_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn continuation_off_keeps_the_terminal_error() {
-    let (a, b) = (cutting_sim(4).await, sim(SimKind::Vllm, &[MODEL]).await);
-    let g = gateway(
-        &[("cut-off", "vllm", a.url()), ("b", "vllm", b.url())],
-        "continue_streams = false\n",
-    )
-    .await;
+    let (_a, _b, g) = cut_and_healthy(4, "cut-off", "continue_streams = false\n").await;
     let got = stream_from(&g, "/v1/chat/completions", &chat(30), "cut-off").await;
     assert!(terminal(&got).is_some(), "{got:?}");
     g.stop().await;
@@ -479,8 +473,7 @@ async fn the_openai_sdk_reads_a_continued_stream() {
     let Some(python) = process::python_with(&["openai"]) else {
         return;
     };
-    let (a, b) = (cutting_sim(5).await, sim(SimKind::Vllm, &[MODEL]).await);
-    let g = gateway(&[("cut-sdk", "vllm", a.url()), ("b", "vllm", b.url())], "").await;
+    let (_a, b, g) = cut_and_healthy(5, "cut-sdk", "").await;
     let want = read(&reference(&b.url(), "/v1/chat/completions", &chat(40)).await);
     process::python_checks(
         python,
@@ -572,8 +565,7 @@ fn messages_events(text: &str) -> Vec<(String, Value)> {
 /// reason and usage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_messages_stream_continues_as_the_same_message() {
-    let (a, b) = (cutting_sim(7).await, sim(SimKind::Vllm, &[MODEL]).await);
-    let g = gateway(&[("cut-msg", "vllm", a.url()), ("b", "vllm", b.url())], "").await;
+    let (_a, b, g) = cut_and_healthy(7, "cut-msg", "").await;
     let body = json!({"model": MODEL, "max_tokens": 40, "stream": true, "system": "Be brief.",
         "messages": [{"role": "user", "content": "Tell me about the sea."}]});
     let want = post_json(&client(), b.url() + "/v1/messages", &body).await;
@@ -619,12 +611,7 @@ async fn the_anthropic_sdk_reads_a_continued_messages_stream() {
     let Some(python) = process::python_with(&["anthropic"]) else {
         return;
     };
-    let (a, b) = (cutting_sim(8).await, sim(SimKind::Vllm, &[MODEL]).await);
-    let g = gateway(
-        &[("cut-msg-sdk", "vllm", a.url()), ("b", "vllm", b.url())],
-        "",
-    )
-    .await;
+    let (_a, b, g) = cut_and_healthy(8, "cut-msg-sdk", "").await;
     let body = json!({"model": MODEL, "max_tokens": 40, "system": "Be brief.",
         "messages": [{"role": "user", "content": "Tell me about the sea."}]});
     let want = support::request::post_for_json(&client(), b.url() + "/v1/messages", &body).await;
@@ -683,12 +670,7 @@ fn responses_text(events: &[(String, Value)]) -> String {
 /// the closing events with the whole text, and the answer's usage, counted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_responses_stream_continues_as_the_same_response() {
-    let (a, b) = (cutting_sim(7).await, sim(SimKind::Vllm, &[MODEL]).await);
-    let g = gateway(
-        &[("cut-resp", "vllm", a.url()), ("b", "vllm", b.url())],
-        "[admin]\nlisten = \"127.0.0.1:0\"\n",
-    )
-    .await;
+    let (_a, b, g) = cut_and_healthy(7, "cut-resp", "[admin]\nlisten = \"127.0.0.1:0\"\n").await;
     let mut produced = (0, 0);
     for max in [60, 12] {
         let body = responses(max);
@@ -784,15 +766,7 @@ async fn a_responses_stream_continues_as_the_same_response() {
 /// Responses requests a continuation cannot answer faithfully keep the terminal error event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_that_cannot_be_continued_keep_the_terminal_error() {
-    let (a, b) = (cutting_sim(6).await, sim(SimKind::Vllm, &[MODEL]).await);
-    let g = gateway(
-        &[
-            ("cut-resp-refused", "vllm", a.url()),
-            ("b", "vllm", b.url()),
-        ],
-        "",
-    )
-    .await;
+    let (_a, _b, g) = cut_and_healthy(6, "cut-resp-refused", "").await;
     let with = |k: &str, v: Value| {
         let mut body = responses(40);
         body[k] = v;
@@ -837,12 +811,7 @@ async fn the_openai_sdk_reads_a_continued_responses_stream() {
     let Some(python) = process::python_with(&["openai"]) else {
         return;
     };
-    let (a, b) = (cutting_sim(8).await, sim(SimKind::Vllm, &[MODEL]).await);
-    let g = gateway(
-        &[("cut-resp-sdk", "vllm", a.url()), ("b", "vllm", b.url())],
-        "",
-    )
-    .await;
+    let (_a, b, g) = cut_and_healthy(8, "cut-resp-sdk", "").await;
     let mut body = responses(40);
     body["stream"] = json!(false);
     let want = support::request::post_for_json(&client(), b.url() + "/v1/responses", &body).await;
