@@ -31,12 +31,15 @@ import json
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+# The process helpers the chaos benchmarks share.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "chaos"))
+from chaos import free_port, get_json, wait_port  # noqa: E402
 
 # ---- the engine every simulator runs and the plan's candidate is ----------------------------
 TIMING = {
@@ -186,23 +189,6 @@ def run_plan(binary, plan_path):
 
 
 # ---- processes ---------------------------------------------------------------------------------
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, timeout=10.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise SystemExit(f"port {port} did not open")
-
-
 def start_sim(binary, port):
     t = TIMING
     return subprocess.Popen(
@@ -217,14 +203,6 @@ def start_sim(binary, port):
          "--max-model-len", "32768"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-
-def get_json(port, path):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
-    c.request("GET", path)
-    r = c.getresponse()
-    data = json.loads(r.read())
-    c.close()
-    return data
 
 
 class Fleet:
