@@ -27,6 +27,15 @@ fn check_fails(path: &std::path::Path) -> std::process::Output {
     out
 }
 
+/// What `sluice check` prints for `toml` written to a file named `name`, which must fail.
+#[track_caller]
+fn check_error(name: &str, toml: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, toml).unwrap();
+    String::from_utf8_lossy(&check_fails(&path).stderr).into_owned()
+}
+
 #[test]
 fn shipped_configs_are_valid() {
     let root = env!("CARGO_MANIFEST_DIR");
@@ -347,15 +356,10 @@ async fn access_log_names_the_forwarded_client_only_behind_a_trusted_proxy() {
 
 #[test]
 fn check_reports_an_out_of_range_value_with_its_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("range.toml");
-    std::fs::write(
-        &path,
+    let err = check_error(
+        "range.toml",
         "[server]\nthreads = 2\n[routing]\nmax_attempts = 40\n",
-    )
-    .unwrap();
-    let out = check_fails(&path);
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
     assert!(
         err.contains("range.toml: routing.max_attempts: must be between 1 and 16 (line 4)"),
         "{err}"
@@ -364,15 +368,10 @@ fn check_reports_an_out_of_range_value_with_its_line() {
 
 #[test]
 fn check_reports_a_bad_trusted_proxy_range_with_its_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("proxies.toml");
-    std::fs::write(
-        &path,
+    let err = check_error(
+        "proxies.toml",
         "[server]\nthreads = 2\ntrusted_proxies = [\"10.0.0.0/8\", \"10.0.0.0/40\"]\n",
-    )
-    .unwrap();
-    let out = check_fails(&path);
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
     assert!(
         err.contains("proxies.toml: server.trusted_proxies[1]: `10.0.0.0/40` is not an address range like \"10.0.0.0/8\" or \"fd00::/8\", nor an address (line 3)"),
         "{err}"
