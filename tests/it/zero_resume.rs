@@ -51,6 +51,34 @@ async fn cut_and_healthy(
     (a, b, g)
 }
 
+/// Run the SDK check script `script` against `g` (the SDK's base URL `g`'s `base`), which
+/// must read `want` as the answer, then check that `cut` had a stream continued; `env`: more
+/// for the script.
+async fn sdk_reads_the_continuation(
+    python: std::path::PathBuf,
+    script: &str,
+    g: &TestGateway,
+    base: &str,
+    want: String,
+    cut: &str,
+    env: Vec<(&'static str, String)>,
+) {
+    let mut vars = vec![
+        ("SLUICE_BASE_URL", g.url(base)),
+        ("SLUICE_MODEL", MODEL.to_string()),
+        ("SLUICE_WANT_TEXT", want),
+    ];
+    vars.extend(env);
+    process::python_checks(python, script, vars).await;
+    let metrics = g.metrics_text().await;
+    let continued =
+        format!("sluice_stream_continuations_total{{backend=\"{cut}\",outcome=\"continued\"}}");
+    assert!(
+        metric(&metrics, &continued) >= 1.0,
+        "no stream was continued: {metrics}"
+    );
+}
+
 /// Post `body` to `path` until the stream starts on `first` (round-robin: within a few
 /// tries); the event payloads it delivered.
 async fn stream_from(g: &TestGateway, path: &str, body: &Value, first: &str) -> Vec<String> {
@@ -475,25 +503,16 @@ async fn the_openai_sdk_reads_a_continued_stream() {
     };
     let (_a, b, g) = cut_and_healthy(5, "cut-sdk", "").await;
     let want = read(&reference(&b.url(), "/v1/chat/completions", &chat(40)).await);
-    process::python_checks(
+    sdk_reads_the_continuation(
         python,
         "gateway_resume_sdk.py",
-        vec![
-            ("SLUICE_BASE_URL", g.url("/v1")),
-            ("SLUICE_MODEL", MODEL.to_string()),
-            ("SLUICE_WANT_TEXT", want.text.clone()),
-            ("SLUICE_CUT_BACKEND", "cut-sdk".to_string()),
-        ],
+        &g,
+        "/v1",
+        want.text,
+        "cut-sdk",
+        vec![("SLUICE_CUT_BACKEND", "cut-sdk".to_string())],
     )
     .await;
-    let metrics = g.metrics_text().await;
-    assert!(
-        metric(
-            &metrics,
-            "sluice_stream_continuations_total{backend=\"cut-sdk\",outcome=\"continued\"}"
-        ) >= 1.0,
-        "no stream was continued: {metrics}"
-    );
     g.stop().await;
 }
 
@@ -616,20 +635,16 @@ async fn the_anthropic_sdk_reads_a_continued_messages_stream() {
         "messages": [{"role": "user", "content": "Tell me about the sea."}]});
     let want = support::request::post_for_json(&client(), b.url() + "/v1/messages", &body).await;
     let want = want["content"][0]["text"].as_str().unwrap().to_string();
-    process::python_checks(
+    sdk_reads_the_continuation(
         python,
         "gateway_resume_anthropic_sdk.py",
-        vec![
-            ("SLUICE_BASE_URL", g.url("")),
-            ("SLUICE_MODEL", MODEL.to_string()),
-            ("SLUICE_WANT_TEXT", want),
-        ],
+        &g,
+        "",
+        want,
+        "cut-msg-sdk",
+        vec![],
     )
     .await;
-    let metrics = g.metrics_text().await;
-    let continued =
-        "sluice_stream_continuations_total{backend=\"cut-msg-sdk\",outcome=\"continued\"}";
-    assert!(metric(&metrics, continued) >= 1.0, "{metrics}");
     g.stop().await;
 }
 
@@ -819,20 +834,16 @@ async fn the_openai_sdk_reads_a_continued_responses_stream() {
         .as_str()
         .unwrap()
         .to_string();
-    process::python_checks(
+    sdk_reads_the_continuation(
         python,
         "gateway_resume_responses_sdk.py",
-        vec![
-            ("SLUICE_BASE_URL", g.url("/v1")),
-            ("SLUICE_MODEL", MODEL.to_string()),
-            ("SLUICE_WANT_TEXT", want),
-        ],
+        &g,
+        "/v1",
+        want,
+        "cut-resp-sdk",
+        vec![],
     )
     .await;
-    let metrics = g.metrics_text().await;
-    let continued =
-        "sluice_stream_continuations_total{backend=\"cut-resp-sdk\",outcome=\"continued\"}";
-    assert!(metric(&metrics, continued) >= 1.0, "{metrics}");
     g.stop().await;
 }
 
