@@ -12,9 +12,11 @@
 //! static `weight` of its config. That capacity is quantised to quarter octaves (steps of
 //! about 19%) with hysteresis: a backend's step moves only when its capacity is more than
 //! 1.25 steps (about 24%) away from it, so EWMA noise does not move homes, while a real change
-//! (a slower GPU, a smaller batch) does. Before a backend is measured it takes the mean step of
-//! the measured candidates; with nothing measured, all weights are equal (times the static
-//! weights).
+//! (a slower GPU, a smaller batch) does. Identical servers can still land one step apart
+//! (their capacities straddle a step boundary), so a step next to the fleet's most common one
+//! weighs as that one: weights tell apart capacities two steps (about 41%) or more apart.
+//! Before a backend is measured it takes the mean step of the measured candidates; with
+//! nothing measured, all weights are equal (times the static weights).
 //!
 //! Gateway replicas agree without sharing state as far as their measurements do: the hash is
 //! the same everywhere, the slots come from the engine, but each replica measures decode
@@ -91,17 +93,18 @@ pub fn home_level(b: &Backend) -> Option<i64> {
 /// The weights of `levels` (one per candidate, `None` = not measured): `2^(level/steps)`,
 /// relative to the highest; unmeasured candidates take the mean level of the measured ones,
 /// and with none measured all weigh 1. `static_weights` multiply the unmeasured ones (the
-/// measured levels include them already).
+/// measured levels include them already). Levels one step from the fleet's [`reference`]
+/// level weigh as much as it does: see [`snap`].
 pub fn weights_of(levels: &[Option<i64>], static_weights: &[f64]) -> Vec<f64> {
     let measured: Vec<i64> = levels.iter().flatten().copied().collect();
-    if measured.is_empty() {
+    let Some(reference) = reference(&measured) else {
         return static_weights.iter().map(|w| w.max(1.0)).collect();
-    }
+    };
     let mean = measured.iter().map(|l| *l as f64).sum::<f64>() / measured.len() as f64;
     let level = |i: usize| match levels[i] {
-        Some(l) => l as f64,
+        Some(l) => snap(l as f64, reference),
         None => {
-            mean.round()
+            snap(mean.round(), reference)
                 + static_weights.get(i).map_or(0.0, |w| w.max(1.0).log2()) * STEPS_PER_OCTAVE
         }
     };
@@ -111,6 +114,29 @@ pub fn weights_of(levels: &[Option<i64>], static_weights: &[f64]) -> Vec<f64> {
     (0..levels.len())
         .map(|i| ((level(i) - top) / STEPS_PER_OCTAVE).exp2())
         .collect()
+}
+
+/// The level most measured levels sit within one step of (ties: the lowest); `None` when
+/// nothing is measured.
+fn reference(measured: &[i64]) -> Option<i64> {
+    let near = |l: i64| measured.iter().filter(|m| (**m - l).abs() <= 1).count();
+    let mut candidates = measured.to_vec();
+    candidates.sort_unstable();
+    candidates.into_iter().rev().max_by_key(|l| near(*l))
+}
+
+/// A level one step from the reference is taken as the reference. Identical servers measure
+/// within the hysteresis band of each other (±12% EWMA noise is ±0.65 steps), which can still
+/// round to two neighbouring levels; weighting them 19% apart would give each side of a
+/// rounding boundary different homes, and two gateway replicas (or the planner and a live
+/// gateway) would disagree about where prefixes live for no real difference. Two steps
+/// (41%) and more is a difference the weights keep.
+fn snap(level: f64, reference: i64) -> f64 {
+    if (level - reference as f64).abs() <= 1.0 {
+        reference as f64
+    } else {
+        level
+    }
 }
 
 /// The candidates' prefix-affinity weights (updating their stored steps).
@@ -277,6 +303,24 @@ mod tests {
             "{w:?}"
         );
         assert!((w[2] - 0.5).abs() < 1e-12, "{w:?}");
+    }
+
+    #[test]
+    fn neighbouring_levels_weigh_as_the_common_one() {
+        let m = |l: &[i64]| weights_of(&l.iter().map(|l| Some(*l)).collect::<Vec<_>>(), &[1.0; 4]);
+        // identical servers either side of a step boundary
+        assert_eq!(m(&[30, 30, 31, 30]), vec![1.0; 4]);
+        assert_eq!(m(&[29, 30, 31]), vec![1.0; 3]);
+        assert_eq!(m(&[31, 30]), vec![1.0; 2]);
+        // two steps apart is a difference the weights keep
+        let w = m(&[28, 30]);
+        assert!((w[0] - 0.5f64.sqrt()).abs() < 1e-12 && w[1] == 1.0, "{w:?}");
+        // a double-weight server beside three snapped ones
+        let w = m(&[30, 31, 29, 34]);
+        assert!(
+            w[..3].iter().all(|x| (x - 0.5).abs() < 1e-12) && w[3] == 1.0,
+            "{w:?}"
+        );
     }
 
     #[test]
