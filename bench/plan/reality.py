@@ -239,6 +239,12 @@ class Fleet:
             raise SystemExit("the backends did not become healthy")
         self.warm_up()
 
+    def home_levels(self):
+        """Each backend's prefix-affinity weight step and the capacity it stands for."""
+        doc = get_json(self.port, "/admin/backends")
+        return [(b["routing"]["speeds"]["home_level"],
+                 b["routing"]["speeds"]["capacity_tokens_per_second"]) for b in doc["backends"]]
+
     def learned_slots(self):
         doc = get_json(self.port, "/admin/backends")
         return [b["routing"]["signals"]["learned_slots"] for b in doc["backends"]]
@@ -257,6 +263,10 @@ class Fleet:
                      0, 48, None) for k in range(n)]
             replay(self.port, reqs)
         raise SystemExit(f"the gateway did not learn the batch limits: {self.learned_slots()}")
+
+    def prefill_speeds(self):
+        doc = get_json(self.port, "/admin/backends")
+        return [b["routing"]["speeds"]["prefill_tokens_per_second"] for b in doc["backends"]]
 
     def kill_one(self):
         self.sims[-1].kill()
@@ -364,9 +374,12 @@ def pct(values, p):
 def measure(binary, n, policy, reqs, workdir, kill_one=False):
     fleet = Fleet(binary, n, policy, workdir)
     mon = Monitor(fleet.ports[:-1] if kill_one else fleet.ports)
+    levels_before = fleet.home_levels()
+    prefill_before = fleet.prefill_speeds()
     try:
         res = replay(fleet.port, reqs, fleet.kill_one if kill_one else None)
         backends = get_json(fleet.port, "/admin/backends")
+        levels_after = fleet.home_levels()
     finally:
         watch = mon.finish()
         fleet.stop()
@@ -381,6 +394,8 @@ def measure(binary, n, policy, reqs, workdir, kill_one=False):
         "late_p99_ms": 1000 * pct([r["late_s"] for r in res if r], 99),
         "monitor": watch,
         "learned_slots": [b["routing"]["signals"]["learned_slots"] for b in backends["backends"]],
+        "home_levels": {"before": levels_before, "after": levels_after},
+        "prefill_tps_before": prefill_before,
         "per_request": [(round(r["at"], 4), r["ttft"] and round(r["ttft"], 4), r["backend"])
                         for r in res if r],
     }
@@ -430,6 +445,7 @@ def main():
             row = {"workload": name, "fleet": label, "servers": live, "requests": len(reqs),
                    "slo_s": w["slo"], "policy": w["policy"],
                    "plan_p50": st["ttft_p50"], "plan_p99": st["ttft_p99"],
+                   "plan_p99_interval": [st["ttft_p99_low"], st["ttft_p99_high"]],
                    "load_before": load_avg()}
             if not args.plan_only:
                 row.update(measure(binary, live, w["policy"], reqs, workdir, kill))
@@ -446,18 +462,19 @@ def main():
 def print_table(rows, plan_only):
     ms = lambda s: "inf" if s == float("inf") else f"{s * 1000:.0f}"
     verdict = lambda p99, slo: "meets" if p99 <= slo else "misses"
-    print("| workload | fleet | servers | planned p50 / p99 ms | measured p50 / p99 ms | "
-          "p99 planned/measured | SLO | verdict planned / measured |")
-    print("|---|---|---|---|---|---|---|---|")
+    interval = lambda r: "{}-{}".format(*map(ms, r["plan_p99_interval"]))
+    print("| workload | fleet | servers | planned p50 / p99 ms | planned p99 95% interval ms | "
+          "measured p50 / p99 ms | p99 planned/measured | SLO | verdict planned / measured |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if plan_only:
             print(f"| {r['workload']} | {r['fleet']} | {r['servers']} | {ms(r['plan_p50'])} / "
-                  f"{ms(r['plan_p99'])} | - | - | {ms(r['slo_s'])} | "
+                  f"{ms(r['plan_p99'])} | {interval(r)} | - | - | {ms(r['slo_s'])} | "
                   f"{verdict(r['plan_p99'], r['slo_s'])} / - |")
             continue
         ratio = r["plan_p99"] / r["p99"] if r["p99"] not in (0, float("inf")) else float("nan")
         print(f"| {r['workload']} | {r['fleet']} | {r['servers']} | {ms(r['plan_p50'])} / "
-              f"{ms(r['plan_p99'])} | {ms(r['p50'])} / {ms(r['p99'])} | {ratio:.2f} | "
+              f"{ms(r['plan_p99'])} | {interval(r)} | {ms(r['p50'])} / {ms(r['p99'])} | {ratio:.2f} | "
               f"{ms(r['slo_s'])} | {verdict(r['plan_p99'], r['slo_s'])} / "
               f"{verdict(r['p99'], r['slo_s'])} |")
 

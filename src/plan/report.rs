@@ -36,6 +36,25 @@ fn one_down(c: &CandidateReport, n: usize, r: &Report) -> String {
     }
 }
 
+/// How far to trust the cheapest fleet's p99 TTFT: its 95% interval from the trace's length,
+/// and a warning when the SLO falls inside it.
+fn p99_interval(st: &Stats, r: &Report) -> String {
+    let mut line = format!(
+        "p99 TTFT {}: 95% interval {} to {} from {} requests",
+        secs(st.ttft_p99),
+        secs(st.ttft_p99_low),
+        secs(st.ttft_p99_high),
+        r.requests
+    );
+    if (st.ttft_p99_low..=st.ttft_p99_high).contains(&r.slo.ttft_p99) {
+        line.push_str(
+            "; the SLO lies inside it, so the verdict at this count could go either way: \
+             plan with a longer trace or take one server more",
+        );
+    }
+    line
+}
+
 /// The answer as JSON: the workload's size, the SLO, and per candidate the smallest count
 /// meeting it (`null`: none within the limit), its cost per server-hour, its engine or why it
 /// does not fit, and the figures of every fleet size evaluated (keyed by server count).
@@ -163,6 +182,8 @@ pub fn text(r: &Report) -> String {
                 n + 1,
                 c.cost_per_hour(n + 1)
             );
+            let st: Stats = c.curve.points.get(&n).copied().unwrap_or_default();
+            let _ = writeln!(out, "{}", p99_interval(&st, r));
         }
         None => {
             let _ = writeln!(

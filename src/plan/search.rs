@@ -16,6 +16,11 @@ use crate::config::PolicyKind;
 pub struct Stats {
     pub ttft_p50: f64,
     pub ttft_p99: f64,
+    /// A distribution-free 95% confidence interval of the p99 TTFT from the number of requests
+    /// (order statistics): how far another trace of the same traffic and length could put it.
+    /// Requests in a burst are not independent, so the true spread is if anything wider.
+    pub ttft_p99_low: f64,
+    pub ttft_p99_high: f64,
     pub tpot_p50: f64,
     pub tpot_p99: f64,
     pub queue_p99: f64,
@@ -37,6 +42,23 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The nearest ranks bounding a 95% confidence interval of the `p`th percentile of `n`
+/// independent samples (normal approximation of the binomial count below it), 1-based.
+fn interval_ranks(n: usize, p: f64) -> (usize, usize) {
+    let (n, q) = (n as f64, p / 100.0);
+    let half = 1.96 * (n * q * (1.0 - q)).sqrt();
+    let lo = (n * q - half).floor().max(1.0) as usize;
+    let hi = (n * q + half).ceil().max(1.0) as usize;
+    (lo, hi)
+}
+
+fn at_rank(sorted: &[f64], rank: usize) -> f64 {
+    match sorted.len() {
+        0 => 0.0,
+        n => sorted[rank.clamp(1, n) - 1],
+    }
 }
 
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {
@@ -68,9 +90,12 @@ impl Stats {
             .iter()
             .map(|o| u64::from(o.cached_tokens))
             .sum();
+        let (lo, hi) = interval_ranks(ttft.len(), 99.0);
         Stats {
             ttft_p50: pct(&ttft, 50.0),
             ttft_p99: pct(&ttft, 99.0),
+            ttft_p99_low: at_rank(&ttft, lo),
+            ttft_p99_high: at_rank(&ttft, hi),
             tpot_p50: pct(&tpot, 50.0),
             tpot_p99: pct(&tpot, 99.0),
             queue_p99: pct(&queue, 99.0),
@@ -184,6 +209,17 @@ mod tests {
         assert_eq!(pct(&v, 50.0), 50.0);
         assert_eq!(pct(&v, 99.0), 99.0);
         assert_eq!(pct(&[3.0], 99.0), 3.0);
+    }
+
+    #[test]
+    fn the_p99_interval_narrows_with_more_requests() {
+        // 296 requests: the p99 is the 3rd largest, and could be anywhere from the 8th to the
+        // largest; 10,000: ranks 9,880..9,920 around 9,900
+        assert_eq!(interval_ranks(296, 99.0), (289, 297));
+        assert_eq!(interval_ranks(10_000, 99.0), (9880, 9920));
+        let v: Vec<f64> = (1..=296).map(f64::from).collect();
+        assert_eq!((at_rank(&v, 289), at_rank(&v, 297)), (289.0, 296.0));
+        assert_eq!(at_rank(&[], 3), 0.0);
     }
 
     #[test]

@@ -73,6 +73,10 @@ fn plan_prints_the_table_progress_and_writes_a_report_chromium_renders() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("TTFT p50/p99"), "{stdout}");
     assert!(stdout.contains("cheapest: "), "{stdout}");
+    assert!(
+        stdout.contains("95% interval") && stdout.contains(" requests"),
+        "how far to trust the p99: {stdout}"
+    );
     assert!(stdout.contains("weights of h100 (16.1 GB)"), "{stdout}");
     assert!(
         stderr.contains("four-slots: 1 servers -> p99 TTFT"),
