@@ -6,8 +6,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -115,12 +115,7 @@ impl Health {
     }
 }
 
-/// Milliseconds since this process started; a cheap monotonic clock for atomics.
-pub fn monotonic_ms() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    let epoch = *EPOCH.get_or_init(Instant::now);
-    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
+pub use super::clock::monotonic_ms;
 
 /// Client model name → the name the backend knows it by.
 pub type ModelMap = HashMap<String, String>;

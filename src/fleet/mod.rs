@@ -5,6 +5,8 @@
 //!   [`backend::BackendState`] (health, load counters, discovered models).
 //! - [`load`]: RAII guards counting in-flight requests and tokens, and pending prefills, per
 //!   backend.
+//! - [`clock`]: the clock and random draws state and routing decide by, which the planner
+//!   replaces with virtual time and a seeded generator on its thread.
 //! - [`health`]: per-kind active probes, model discovery and passive ejection.
 //! - [`snapshot`]: the fleet of one config snapshot (its set of backends), and model resolution.
 //! - [`queue`]: the gateway-side wait queue (per-backend caps, fair by tenant, with a deadline).
@@ -22,6 +24,7 @@
 //! (the compiler holds this: [`BackendState`]'s fields are private).
 
 pub mod backend;
+pub mod clock;
 pub mod discovery;
 pub mod health;
 pub mod load;

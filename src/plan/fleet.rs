@@ -12,7 +12,9 @@
 //! (with the proxy's inputs: the expected output is the request's `max_tokens` when it set one,
 //! the prefill-speed sample is skipped when `would_queue` said so at the claim, and the busy
 //! count is the in-flight requests with the one ending).
-//! The scorer therefore reads the same in-flight counters and measured speeds it reads live.
+//! The scorer therefore reads the same in-flight counters and measured speeds it reads live,
+//! and the rules that depend on time (speeds gone stale on an idle backend) or chance
+//! (tie-breaks) see virtual time and a seeded generator ([`crate::fleet::clock`]).
 //! Engine metrics (running/waiting scrapes) are not simulated: the gateway's own counters, which
 //! the scorer takes when no scrape is fresh, are exact here because the planner is the only
 //! client.
@@ -32,6 +34,7 @@ use std::time::Duration;
 
 use crate::batching::{Batch, Queued, Running, Timing};
 use crate::config::{BackendConfig, BackendKind, Config, PolicyKind, Timeouts};
+use crate::fleet::clock::Virtual;
 use crate::fleet::signals::Signals;
 use crate::fleet::speed::Observation;
 use crate::fleet::{Backend, BackendState, LoadGuard};
@@ -113,18 +116,24 @@ struct Sim<'a> {
 }
 
 /// Run `reqs` (sorted by arrival) on `engines` engines of `timing`, routed by `policy`.
+/// Deterministic: routing reads the virtual clock and draws from a generator seeded with the
+/// engine count, so a fleet size gives the same answer whatever else is planned beside it.
 pub fn simulate(reqs: &[Request], engines: usize, timing: &Timing, policy: PolicyKind) -> Run {
-    let mut sim = Sim::new(reqs, engines.max(1), timing, policy);
+    let engines = engines.max(1);
+    let clock = Virtual::install(virtual_ms(0), mix(engines as u64));
+    let mut sim = Sim::new(reqs, engines, timing, policy);
     let mut next = 0;
     loop {
         let step = sim.events.peek().map(|Reverse((t, _, _))| *t);
         match (reqs.get(next), step) {
             (Some(r), s) if s.is_none_or(|s| r.at_ns < s) => {
+                clock.set_ms(virtual_ms(r.at_ns));
                 sim.arrive(next, r.at_ns);
                 next += 1;
             }
             (_, Some(_)) => {
                 if let Some(Reverse((t, e, v))) = sim.events.pop() {
+                    clock.set_ms(virtual_ms(t));
                     sim.step_end(e, v, t);
                 }
             }
@@ -133,6 +142,11 @@ pub fn simulate(reqs: &[Request], engines: usize, timing: &Timing, policy: Polic
         }
     }
     sim.finish()
+}
+
+/// The clock reading at virtual time `ns`: never 0, which state reads as "never".
+fn virtual_ms(ns: u64) -> u64 {
+    1 + ns / 1_000_000
 }
 
 impl<'a> Sim<'a> {

@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use crate::config::{Config, PolicyKind};
 use crate::fleet::speed::ModelShapes;
-use crate::fleet::Backend;
+use crate::fleet::{clock, Backend};
 use crate::openai::request::Fnv64;
 
 /// What routing knows about the request.
@@ -136,7 +136,7 @@ impl Router {
                 .copied()
                 .filter(|i| {
                     let share = candidates[*i].0.state.slow_start_share(slow_start);
-                    share >= 1.0 || rand::random::<f64>() < share
+                    share >= 1.0 || clock::unit() < share
                 })
                 .collect();
             if !kept.is_empty() {
@@ -228,11 +228,11 @@ fn token_aware(
     let score_of = |i: usize| score::breakdown(backends[i], models[i], req, prior).score;
     let n = backends.len();
     if n > p2c_above {
-        let a = rand::random_range(0..n);
-        let b = (a + rand::random_range(1..n)) % n;
+        let a = clock::below(n);
+        let b = (a + 1 + clock::below(n - 1)) % n;
         return if score_of(b) < score_of(a) { b } else { a };
     }
-    let offset = rand::random_range(0..n);
+    let offset = clock::below(n);
     let mut best = offset;
     let mut best_score = f64::INFINITY;
     for k in 0..n {

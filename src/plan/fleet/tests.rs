@@ -78,3 +78,28 @@ fn routing_spreads_simultaneous_requests_over_idle_engines() {
     assert_eq!(busy, 4);
     assert!(run.outcomes.iter().all(|o| o.queue_ns == 0));
 }
+
+#[test]
+fn the_same_workload_plans_the_same_whatever_chance_and_the_wall_clock_do() {
+    // 24 engines: token-aware scores two random ones per request (power of two choices), so
+    // each run depends on its draws; bursts and mixed sizes make the draws matter
+    let reqs: Vec<Request> = (0..3000u64)
+        .map(|i| {
+            let burst = (i / 40) * 400 + (i % 40) * 3;
+            req(
+                burst,
+                100 + (i * 7919 % 1900) as u32,
+                5 + (i * 104_729 % 120) as u32,
+            )
+        })
+        .collect();
+    let ttfts = || {
+        let run = simulate(&reqs, 24, &timing(4), PolicyKind::TokenAware);
+        run.outcomes.iter().map(|o| o.ttft_ns).collect::<Vec<_>>()
+    };
+    let first = ttfts();
+    assert_eq!(ttfts(), first);
+    // another thread, later on the wall clock: still the same
+    let again = std::thread::scope(|s| s.spawn(ttfts).join());
+    assert!(again.is_ok_and(|v| v == first));
+}
