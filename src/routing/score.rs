@@ -222,16 +222,17 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     }
 }
 
-/// Whether a request sent to `b` now would wait for a batch slot inside the engine.
+/// Whether a request sent to `b` now would wait for a batch slot inside the engine: the
+/// batch is full by the gateway's count or the engine's, or the engine reports requests
+/// already waiting (it admits first come, first served), which holds even while the batch
+/// limit is not yet learned.
 pub fn would_queue(b: &Backend, model: &str) -> bool {
     let gw = b.state.inflight_requests() as f64;
     let sig = b.state.signals();
-    let engine = sig
-        .fresh()
-        .then(|| sig.load_for(model))
-        .flatten()
-        .map_or(0.0, |l| l.running + l.waiting);
-    gw.max(engine) + 1.0 > slots(b)
+    let engine = sig.fresh().then(|| sig.load_for(model)).flatten();
+    let (engine_busy, engine_waiting) =
+        engine.map_or((0.0, 0.0), |l| (l.running + l.waiting, l.waiting));
+    engine_waiting > 0.0 || gw.max(engine_busy) + 1.0 > slots(b)
 }
 
 /// Whether the backend is an Ollama node known to have `model` loaded (`Some(false)`: known
@@ -389,6 +390,34 @@ mod tests {
         let f = breakdown(&fast, "m", REQ, prior);
         let s = breakdown(&slow, "m", REQ, prior);
         assert!(f.score * 2.5 < s.score, "{f:?} vs {s:?}");
+    }
+
+    #[test]
+    fn a_request_behind_waiting_ones_would_queue_before_the_batch_limit_is_known() {
+        let b = backend(BackendKind::Vllm, None);
+        assert!(!would_queue(&b, "m"));
+        let load = |running, waiting| {
+            let mut sig = Signals {
+                at_ms: crate::fleet::backend::monotonic_ms().max(1),
+                interval_ms: 1000,
+                ..Signals::default()
+            };
+            sig.per_model.insert(
+                "m".into(),
+                ModelLoad {
+                    running,
+                    waiting,
+                    kv_usage: None,
+                },
+            );
+            sig
+        };
+        // the default batch limit (256) is far; nothing waits
+        b.state.set_signals(load(12.0, 0.0));
+        assert!(!would_queue(&b, "m"));
+        // the engine holds requests back at 12: one more waits behind them
+        b.state.set_signals(load(12.0, 3.0));
+        assert!(would_queue(&b, "m"));
     }
 
     #[test]
