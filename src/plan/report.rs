@@ -21,24 +21,53 @@ fn pair(a: f64, b: f64) -> String {
     format!("{}/{}", secs(a), secs(b))
 }
 
+/// The verdict on `st` in words: "meets", "misses", or "not sure" when the p99 TTFT is all
+/// that could miss and the SLO lies inside its 95% interval (the search counts that as
+/// missing).
+fn verdict(st: &Stats, r: &Report) -> String {
+    let ttft_only = Stats {
+        ttft_p99: 0.0,
+        ttft_p99_high: 0.0,
+        ..*st
+    };
+    let inside = (st.ttft_p99_low..=st.ttft_p99_high).contains(&r.slo.ttft_p99);
+    if st.violations(&r.slo).is_empty() {
+        "meets".into()
+    } else if inside && ttft_only.violations(&r.slo).is_empty() {
+        format!(
+            "not sure: 95% interval {} to {}",
+            secs(st.ttft_p99_low),
+            secs(st.ttft_p99_high)
+        )
+    } else {
+        "misses".into()
+    }
+}
+
+/// `st` meets the SLO at its p99 TTFT estimate, not across the estimate's interval.
+fn meets_at_estimate_only(st: &Stats, r: &Report) -> bool {
+    let relaxed = Stats {
+        ttft_p99_high: st.ttft_p99,
+        ..*st
+    };
+    !st.violations(&r.slo).is_empty() && relaxed.violations(&r.slo).is_empty()
+}
+
 /// The verdict on `n` servers with one down (= `n − 1` servers).
 fn one_down(c: &CandidateReport, n: usize, r: &Report) -> String {
     if n <= 1 {
         return "no server left".into();
     }
     match c.curve.points.get(&(n - 1)) {
-        Some(st) => {
-            let v = st.violations(&r.slo);
-            let verdict = if v.is_empty() { "meets" } else { "misses" };
-            format!("p99 TTFT {} ({verdict})", secs(st.ttft_p99))
-        }
+        Some(st) => format!("p99 TTFT {} ({})", secs(st.ttft_p99), verdict(st, r)),
         None => "-".into(),
     }
 }
 
-/// How far to trust the cheapest fleet's p99 TTFT: its 95% interval from the trace's length,
-/// and a warning when the SLO falls inside it.
-fn p99_interval(st: &Stats, r: &Report) -> String {
+/// How far to trust the cheapest fleet (`n` servers of `c`): its p99 TTFT's 95% interval from
+/// the trace's length, and whether one server fewer meets the SLO at its estimate only.
+fn p99_interval(c: &CandidateReport, n: usize, r: &Report) -> String {
+    let st = c.curve.points.get(&n).copied().unwrap_or_default();
     let mut line = format!(
         "p99 TTFT {}: 95% interval {} to {} from {} requests",
         secs(st.ttft_p99),
@@ -46,10 +75,15 @@ fn p99_interval(st: &Stats, r: &Report) -> String {
         secs(st.ttft_p99_high),
         r.requests
     );
-    if (st.ttft_p99_low..=st.ttft_p99_high).contains(&r.slo.ttft_p99) {
-        line.push_str(
-            "; the SLO lies inside it, so the verdict at this count could go either way: \
-             plan with a longer trace or take one server more",
+    let below = n.checked_sub(1).and_then(|m| c.curve.points.get(&m));
+    if let Some(below) = below.filter(|b| meets_at_estimate_only(b, r)) {
+        let _ = write!(
+            line,
+            "; {} servers meet the SLO at the estimate ({}) but not across its interval \
+             (to {}): a longer trace would show whether they are enough",
+            n - 1,
+            secs(below.ttft_p99),
+            secs(below.ttft_p99_high)
         );
     }
     line
@@ -182,8 +216,7 @@ pub fn text(r: &Report) -> String {
                 n + 1,
                 c.cost_per_hour(n + 1)
             );
-            let st: Stats = c.curve.points.get(&n).copied().unwrap_or_default();
-            let _ = writeln!(out, "{}", p99_interval(&st, r));
+            let _ = writeln!(out, "{}", p99_interval(c, n, r));
         }
         None => {
             let _ = writeln!(
@@ -385,4 +418,97 @@ pub fn html(r: &Report) -> String {
     ));
     s.push_str("<p>Predictions of a discrete-event simulation of the engines' continuous batching, routed by the gateway's own policies; see the capacity-planning guide for the method and how far to trust it.</p></body></html>\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batching::Timing;
+    use crate::plan::input::Slo;
+    use crate::plan::search::Curve;
+    use crate::plan::EngineInfo;
+
+    fn point(p99: f64, high: f64) -> Stats {
+        Stats {
+            ttft_p50: p99 / 10.0,
+            ttft_p99: p99,
+            ttft_p99_low: p99 * 0.8,
+            ttft_p99_high: high,
+            ..Stats::default()
+        }
+    }
+
+    /// Five servers meet a 1 s p99 TTFT at the estimate (897 ms) but their interval reaches
+    /// 1.54 s; six meet it across theirs.
+    fn report() -> Report {
+        let mut curve = Curve::default();
+        curve.points.insert(4, point(1.3, 2.1));
+        curve.points.insert(5, point(0.897, 1.542));
+        curve.points.insert(6, point(0.315, 0.488));
+        curve.smallest = Some(6);
+        Report {
+            requests: 1063,
+            duration_s: 300.0,
+            slo: Slo {
+                ttft_p99: 1.0,
+                tpot_p99: 1.0,
+                max_queue_wait: 60.0,
+            },
+            max_servers: 12,
+            candidates: vec![CandidateReport {
+                name: "sim".into(),
+                engine: Ok(EngineInfo {
+                    timing: Timing::default(),
+                    per_server: 1,
+                    tp: None,
+                    weights_bytes: None,
+                }),
+                curve,
+                server_cost_per_hour: 1.0,
+                power_watts: 0.0,
+            }],
+            cheapest: Some(0),
+        }
+    }
+
+    #[test]
+    fn a_count_meeting_the_slo_only_at_its_estimate_is_reported_as_not_sure() {
+        let out = text(&report());
+        assert!(
+            out.contains("p99 TTFT 897 ms (not sure: 95% interval 718 ms to 1542 ms)"),
+            "{out}"
+        );
+        assert!(out.contains("cheapest: sim x 6 at $6.00/hour"), "{out}");
+        assert!(
+            out.contains(
+                "p99 TTFT 315 ms: 95% interval 252 ms to 488 ms from 1063 requests; 5 servers \
+                 meet the SLO at the estimate (897 ms) but not across its interval (to 1542 ms)"
+            ),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_count_missing_across_its_whole_interval_is_a_plain_miss() {
+        let mut r = report();
+        let c = &mut r.candidates[0].curve;
+        c.points.insert(5, point(1.3, 1.6));
+        let out = text(&r);
+        assert!(out.contains("p99 TTFT 1300 ms (misses)"), "{out}");
+        assert!(out.contains("from 1063 requests\n"), "{out}");
+    }
+
+    #[test]
+    fn a_count_missing_at_its_estimate_but_not_across_its_interval_is_not_sure() {
+        let mut r = report();
+        let c = &mut r.candidates[0].curve;
+        c.points.insert(5, point(1.1, 1.6));
+        let out = text(&r);
+        assert!(
+            out.contains("p99 TTFT 1100 ms (not sure: 95% interval 880 ms to 1600 ms)"),
+            "{out}"
+        );
+        // it does not meet the SLO at the estimate either: nothing to add to the interval
+        assert!(out.contains("from 1063 requests\n"), "{out}");
+    }
 }
