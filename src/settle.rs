@@ -29,6 +29,9 @@ pub struct Outcome {
     /// The answer was finished by another backend than the one it started on (a broken
     /// stream continued): its timings and usage are not the first backend's.
     pub continued: bool,
+    /// The engine reported requests waiting while this one awaited its first token
+    /// ([`LoadGuard::queue_seen`]): its TTFT is no prefill-speed sample.
+    pub queue_seen: bool,
 }
 
 /// Work to do when a request is over.
@@ -89,6 +92,7 @@ impl Settle {
             self.record.prompt_tokens = Some(u.prompt_tokens);
             self.record.completion_tokens = Some(u.completion_tokens);
         }
+        let queue_seen = self.guard.as_ref().is_some_and(LoadGuard::queue_seen);
         self.guard = None;
         let outcome = Outcome {
             usage: self.usage,
@@ -97,6 +101,7 @@ impl Settle {
             elapsed: self.record.started.elapsed(),
             pending: self.pending.take(),
             continued: self.continued,
+            queue_seen,
         };
         for hook in self.hooks.drain(..) {
             hook(&outcome);

@@ -176,6 +176,8 @@ pub struct BackendState {
     engine_waiting: AtomicU64,
     /// The engine's own load report, refreshed by the signals loop (see [`super::signals`]).
     signals: ArcSwap<Signals>,
+    /// When a metrics read last showed requests waiting in the engine (ms; 0 = never).
+    waiting_seen_ms: AtomicU64,
     /// Measured speeds (EWMAs), fed when requests settle (see [`super::speed`]).
     speeds: Speeds,
     /// Bumped each time the backend enters a failed state ([`Health::failed`]): requests
@@ -208,6 +210,7 @@ impl BackendState {
             learned_max_concurrent: AtomicU64::new(0),
             engine_waiting: AtomicU64::new(0),
             signals: ArcSwap::from_pointee(Signals::default()),
+            waiting_seen_ms: AtomicU64::new(0),
             speeds: Speeds::default(),
             withdrawals: tokio::sync::watch::Sender::new(0),
             last_answer_ms: AtomicU64::new(0),
@@ -341,7 +344,22 @@ impl BackendState {
     }
 
     pub fn set_signals(&self, signals: Signals) {
+        let waiting = signals
+            .total
+            .iter()
+            .chain(signals.per_model.values())
+            .any(|l| l.waiting > 0.0);
+        if waiting && signals.at_ms != 0 {
+            self.waiting_seen_ms
+                .fetch_max(signals.at_ms, Ordering::Relaxed);
+        }
         self.signals.store(Arc::new(signals));
+    }
+
+    /// When a metrics read last showed requests waiting in the engine (ms, see
+    /// [`monotonic_ms`]; 0 = never).
+    pub fn waiting_seen_ms(&self) -> u64 {
+        self.waiting_seen_ms.load(Ordering::Relaxed)
     }
 
     /// Measured speeds (EWMAs); they change only through [`Speeds::observe`].

@@ -83,6 +83,10 @@ pub struct LoadGuard {
     /// Prompt tokens counted as pending prefill; `None` once the first token came.
     prefill: Option<u64>,
     wake: Option<Arc<WaitQueue>>,
+    /// When the request was counted here (ms, [`super::clock::monotonic_ms`]).
+    since_ms: u64,
+    /// The engine reported requests waiting between `since_ms` and the first token.
+    queue_seen: bool,
 }
 
 impl LoadGuard {
@@ -125,6 +129,8 @@ impl LoadGuard {
             tokens: load.tokens,
             prefill: Some(load.prompt_tokens),
             wake: None,
+            since_ms: super::clock::monotonic_ms(),
+            queue_seen: false,
         }
     }
 
@@ -155,9 +161,19 @@ impl LoadGuard {
     /// the pending prefills and its prompt from the tokens in flight; later calls do nothing.
     pub fn first_token(&mut self) {
         if let Some(prompt) = self.prefill.take() {
+            self.queue_seen = self.state.waiting_seen_ms() >= self.since_ms.max(1);
             self.end_prefill(prompt);
             self.release_tokens(prompt);
         }
+    }
+
+    /// Whether a metrics read between this request's claim and its first token showed
+    /// requests waiting in the engine: then it most likely waited for a batch slot too (the
+    /// engine admits first come, first served), and its TTFT is queueing, not prefill. This
+    /// catches what [`crate::routing::score::would_queue`] cannot know at the claim, such as a
+    /// burst sent before the batch limit was learned.
+    pub fn queue_seen(&self) -> bool {
+        self.queue_seen
     }
 
     fn end_prefill(&self, prompt: u64) {
@@ -252,6 +268,50 @@ mod tests {
 
     fn pending(s: &BackendState) -> (u64, u64) {
         (s.pending_prefill_requests(), s.pending_prefill_tokens())
+    }
+
+    #[test]
+    fn a_queue_reported_between_the_claim_and_the_first_token_is_seen() {
+        use crate::fleet::signals::{ModelLoad, Signals};
+        let s = Arc::new(BackendState::new());
+        let clock = crate::fleet::clock::Virtual::install(1_000, 1);
+        let report = |at_ms, waiting| Signals {
+            at_ms,
+            interval_ms: 500,
+            total: Some(ModelLoad {
+                running: 8.0,
+                waiting,
+                kv_usage: None,
+            }),
+            ..Signals::default()
+        };
+        // a queue reported before the claim is not this request's
+        s.set_signals(report(900, 3.0));
+        let mut before = LoadGuard::new(s.clone(), Load::new(100, 50));
+        clock.set_ms(1_500);
+        before.first_token();
+        assert!(!before.queue_seen());
+        // one reported while it waited is
+        let mut waited = LoadGuard::new(s.clone(), Load::new(100, 50));
+        s.set_signals(report(2_000, 0.0));
+        s.set_signals(report(2_500, 2.0));
+        s.set_signals(report(3_000, 0.0));
+        clock.set_ms(3_200);
+        waited.first_token();
+        assert!(waited.queue_seen());
+        // one reported after its first token is not
+        let mut after = LoadGuard::new(s.clone(), Load::new(100, 50));
+        clock.set_ms(3_300);
+        after.first_token();
+        s.set_signals(report(3_400, 4.0));
+        after.first_token();
+        assert!(!after.queue_seen());
+        // reads with nothing waiting never count
+        let t = Arc::new(BackendState::new());
+        let mut idle = LoadGuard::new(t.clone(), Load::new(100, 50));
+        t.set_signals(report(3_350, 0.0));
+        idle.first_token();
+        assert!(!idle.queue_seen());
     }
 
     #[test]

@@ -81,6 +81,7 @@ impl Pending {
                 elapsed: self.elapsed,
                 pending: None,
                 continued: false,
+                queue_seen: false,
             });
         }
     }
@@ -96,6 +97,7 @@ impl Drop for Pending {
                 elapsed: self.elapsed,
                 pending: None,
                 continued: false,
+                queue_seen: false,
             });
         }
     }

@@ -76,7 +76,7 @@ pub fn learn_hook(
                 completion_tokens: u.completion_tokens,
                 ttft: o.ttft.map(|t| t.saturating_sub(sent_after)),
                 total: o.elapsed.saturating_sub(sent_after),
-                queued,
+                queued: queued || o.queue_seen,
             },
             busy,
         );
@@ -594,6 +594,47 @@ mod tests {
             Arc::new(crate::fleet::BackendState::new()),
         ));
         (config, backend)
+    }
+
+    /// A request that waited behind a queue the engine reported teaches the decode speed,
+    /// not the prefill speed: its time to first token was mostly waiting.
+    #[test]
+    fn a_request_that_saw_an_engine_queue_is_no_prefill_sample() {
+        let (_, backend) = one_backend();
+        let shapes = Arc::new(crate::fleet::speed::ModelShapes::default());
+        let outcome = |queue_seen| crate::settle::Outcome {
+            usage: Some(Usage {
+                prompt_tokens: 50,
+                completion_tokens: 49,
+            }),
+            complete: true,
+            ttft: Some(Duration::from_secs(7)),
+            elapsed: Duration::from_secs(9),
+            pending: None,
+            continued: false,
+            queue_seen,
+        };
+        let learn = |queued, seen| {
+            learn_hook(
+                backend.clone(),
+                shapes.clone(),
+                "m".into(),
+                50,
+                Duration::ZERO,
+                queued,
+            )(&outcome(seen))
+        };
+        learn(false, true);
+        learn(true, false);
+        let sp = backend.state.speeds();
+        assert_eq!(sp.prefill_tps.get(), None);
+        assert!(sp.decode_tps.get().is_some_and(|v| (v - 24.0).abs() < 1e-6));
+        // without either sign of a queue, 50 tokens in 7 s are what it learns
+        learn(false, false);
+        assert!(sp
+            .prefill_tps
+            .get()
+            .is_some_and(|v| (v - 50.0 / 7.0).abs() < 1e-6));
     }
 
     /// A backend that echoes the key Sluice sent it inside a 200 stream (an error event, a
