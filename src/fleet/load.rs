@@ -8,7 +8,8 @@
 //! comes first, removes that exactly once, and the first token also takes the prompt out of the
 //! tokens in flight (it is prefilled; what remains is output to decode). A guard may also hold
 //! the gateway's [`WaitQueue`]: dropping it then hands the freed slot to the next waiting
-//! request.
+//! request. At the first token it also notes whether the engine reported a queue since the
+//! claim ([`LoadGuard::queue_seen`]), for settlement to tell queueing from prefill.
 //!
 //! Invariant: the counters ([`LoadCounters`]) change only here, through a guard; their fields
 //! are private to this module. Under a concurrency cap, a guard exists only if it took a slot with
