@@ -14,8 +14,8 @@ candidate get the same engine timing (`[candidate.timing]` = `sluice sim --max-n
 each request asks for `max_tokens` with `ignore_eos`, so it generates exactly that many tokens.
 
 The planner's verdict is its own: a p99 TTFT meets the SLO only when the upper end of its 95%
-interval does ("misses (not sure)" when only the interval reaches past the SLO); the measured
-verdict is the measured p99 against the SLO.
+interval does; the measured verdict is the measured p99 against the SLO. Either is marked
+"(not sure)" when the SLO lies inside its p99's 95% interval.
 
 TTFT is measured by the client: from just before the request is sent to the first SSE event
 with non-empty content. "One down": N simulators behind the gateway, one of them killed
