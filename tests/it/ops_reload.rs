@@ -22,7 +22,7 @@ fn reloads(result: &str) -> f64 {
 }
 
 fn head(extra: &str) -> String {
-    format!("[routing]\nexpose_backend_header = true\n[reload]\ninterval = \"50ms\"\n{FAST_HEALTH}{extra}")
+    format!("[routing]\nexpose_backend_header = true\n[reload]\ninterval = \"50ms\"\n{STEADY_HEALTH}{extra}")
 }
 
 /// A gateway started from `head(backends)` written to a file of its own (the directory lives
@@ -77,7 +77,7 @@ async fn file_change_adds_removes_drains_and_rejects_bad_files() {
     let applied = reloads("applied");
     write_atomically(&path, &head(&backend("b", "vllm", &b.url(), &["m"])));
     let gw = g.gw.clone();
-    eventually(Duration::from_secs(5), "reload applied", || {
+    eventually(Duration::from_secs(15), "reload applied", || {
         let gw = gw.clone();
         async move {
             let rt = gw.runtime();
@@ -86,7 +86,7 @@ async fn file_change_adds_removes_drains_and_rejects_bad_files() {
     })
     .await;
     assert!(reloads("applied") > applied);
-    g.wait_state("b", "healthy", Duration::from_secs(5)).await;
+    g.wait_state("b", "healthy", Duration::from_secs(15)).await;
     assert_eq!(served_by(&chat_url, None).await, (200, "b".to_string()));
 
     // The stream that started on `a` runs to its end.
@@ -115,9 +115,11 @@ async fn file_change_adds_removes_drains_and_rejects_bad_files() {
             .requests_total();
     let rejected = reloads("rejected");
     write_atomically(&path, "[[backends]]\nname = \"b\"\nkind = \"warp-drive\"\n");
-    eventually(Duration::from_secs(5), "bad file rejected", || async move {
-        reloads("rejected") > rejected
-    })
+    eventually(
+        Duration::from_secs(15),
+        "bad file rejected",
+        || async move { reloads("rejected") > rejected },
+    )
     .await;
     assert_eq!(served_by(&chat_url, None).await, (200, "b".to_string()));
 
@@ -130,7 +132,7 @@ async fn file_change_adds_removes_drains_and_rejects_bad_files() {
     ));
     write_atomically(&path, &v3);
     let url = chat_url.clone();
-    eventually(Duration::from_secs(5), "keys in force", || {
+    eventually(Duration::from_secs(15), "keys in force", || {
         let url = url.clone();
         async move { served_by(&url, None).await.0 == 401 }
     })
@@ -260,7 +262,7 @@ async fn sighup_and_file_watch_in_the_binary() {
     // The reader thread may lag behind the process: collect until both lines are in.
     let lines = std::sync::Mutex::new(Vec::<String>::new());
     let shown = Lazy(|| format!("reload logged: {:#?}", lines.lock().unwrap()));
-    eventually(Duration::from_secs(5), shown, || {
+    eventually(Duration::from_secs(15), shown, || {
         let mut lines = lines.lock().unwrap();
         lines.extend(rx.try_iter());
         let logged = lines
@@ -274,7 +276,7 @@ async fn sighup_and_file_watch_in_the_binary() {
     // Turn the watch on (by SIGHUP), then a file change alone is enough.
     write_atomically(&path, &cfg(true, "b", &b.url()));
     hup();
-    eventually(Duration::from_secs(5), "watch on", || {
+    eventually(Duration::from_secs(15), "watch on", || {
         let seen = rx.try_iter().any(|l| l.contains("config reloaded"));
         async move { seen }
     })

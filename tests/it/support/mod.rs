@@ -212,6 +212,11 @@ pub fn backend(name: &str, kind: &str, url: &str, models: &[&str]) -> String {
 /// A fast health configuration for tests.
 pub const FAST_HEALTH: &str = "\n[health]\ninterval = \"50ms\"\ntimeout = \"500ms\"\nhealthy_threshold = 1\nunhealthy_threshold = 1\nbase_ejection = \"200ms\"\n";
 
+/// Health that sees a backend come up as fast as [`FAST_HEALTH`] but ejects it only after three
+/// probes in a row miss a 2 s deadline: for tests about something other than failure, so a
+/// loaded machine's one late probe does not take their only backend out.
+pub const STEADY_HEALTH: &str = "\n[health]\ninterval = \"50ms\"\ntimeout = \"2s\"\nhealthy_threshold = 1\nunhealthy_threshold = 3\nbase_ejection = \"200ms\"\n";
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
