@@ -23,24 +23,28 @@ fn pair(a: f64, b: f64) -> String {
 
 /// The verdict on `st` in words: "meets", "misses", or "not sure" when the p99 TTFT is all
 /// that could miss and the SLO lies inside its 95% interval (the search counts that as
-/// missing).
+/// missing). A miss names the objectives other than TTFT that it misses, because the cell it
+/// goes in shows the p99 TTFT alone.
 fn verdict(st: &Stats, r: &Report) -> String {
-    let ttft_only = Stats {
+    let without_ttft = Stats {
         ttft_p99: 0.0,
         ttft_p99_high: 0.0,
         ..*st
     };
+    let others = without_ttft.violations(&r.slo);
     let inside = (st.ttft_p99_low..=st.ttft_p99_high).contains(&r.slo.ttft_p99);
     if st.violations(&r.slo).is_empty() {
         "meets".into()
-    } else if inside && ttft_only.violations(&r.slo).is_empty() {
+    } else if inside && others.is_empty() {
         format!(
             "not sure: 95% interval {} to {}",
             secs(st.ttft_p99_low),
             secs(st.ttft_p99_high)
         )
-    } else {
+    } else if others.is_empty() {
         "misses".into()
+    } else {
+        format!("misses: {}", others.join(", "))
     }
 }
 
@@ -510,5 +514,38 @@ mod tests {
         );
         // it does not meet the SLO at the estimate either: nothing to add to the interval
         assert!(out.contains("from 1063 requests\n"), "{out}");
+    }
+
+    /// A fleet whose p99 TTFT is well inside the SLO but whose decode is too slow: the cell
+    /// shows the TTFT, so the verdict says what it misses.
+    #[test]
+    fn a_miss_on_another_objective_names_it() {
+        let mut r = report();
+        r.candidates[0].curve.points.insert(
+            5,
+            Stats {
+                tpot_p99: 1.25,
+                queue_max: 61.0,
+                ..point(0.4, 0.5)
+            },
+        );
+        let out = text(&r);
+        assert!(
+            out.contains("p99 TTFT 400 ms (misses: p99 TPOT 1250 ms, queue wait 61.0 s)"),
+            "{out}"
+        );
+        // TTFT in its noise band and TPOT missing is a miss, not "not sure"
+        r.candidates[0].curve.points.insert(
+            5,
+            Stats {
+                tpot_p99: 1.25,
+                ..point(0.9, 1.5)
+            },
+        );
+        let out = text(&r);
+        assert!(
+            out.contains("p99 TTFT 900 ms (misses: p99 TPOT 1250 ms)"),
+            "{out}"
+        );
     }
 }
