@@ -73,6 +73,8 @@ pub struct CandidateReport {
     pub curve: Curve,
     pub server_cost_per_hour: f64,
     pub power_watts: f64,
+    /// For a measured candidate: how well its engine timing is known.
+    pub fit: Option<profile::FitSummary>,
 }
 
 impl CandidateReport {
@@ -268,6 +270,7 @@ pub fn plan(
                 curve,
                 server_cost_per_hour,
                 power_watts,
+                fit: None,
             }
         })
         .collect();

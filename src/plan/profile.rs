@@ -38,6 +38,36 @@ pub struct DecodePoint {
     pub tokens_per_second: f64,
 }
 
+/// How well a measured candidate's engine timing is known: each fitted parameter with its
+/// standard error, the ranges the fit saw, and what the plan should not be trusted on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FitSummary {
+    /// The backends whose measurements were merged into this candidate's timing.
+    pub backends: Vec<String>,
+    /// Where the measurements come from (`"engine metrics"` or `"gateway timings"`).
+    pub source: String,
+    pub params: Vec<FitParam>,
+    /// Running-batch sizes the decode fit saw (lowest, highest).
+    pub batch_range: (f64, f64),
+    /// Uncached prompt tokens per request the prefill fit saw (lowest, highest).
+    pub prompt_range: (f64, f64),
+    /// Measurement windows behind the fit.
+    pub samples: u64,
+    /// Where the plan leaves the fitted ranges or the uncertainty moves a verdict.
+    pub warnings: Vec<String>,
+}
+
+/// One fitted engine parameter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FitParam {
+    /// `prefill_per_token`, `decode_base` or `decode_per_seq`.
+    pub name: String,
+    /// Seconds.
+    pub value: f64,
+    /// Standard error, seconds.
+    pub stderr: f64,
+}
+
 /// KV capacity assumed when the profile does not know it (the simulator's default).
 const DEFAULT_KV_TOKENS: u64 = 131_072;
 

@@ -460,6 +460,7 @@ mod tests {
             },
             max_servers: 12,
             candidates: vec![CandidateReport {
+                fit: None,
                 name: "sim".into(),
                 engine: Ok(EngineInfo {
                     timing: Timing::default(),
