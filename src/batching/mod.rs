@@ -23,6 +23,7 @@
 //! - The KV reservation is the sum of the running sequences' reservations: every way out of
 //!   the batch ([`Batch::take_done`], [`Batch::retain_running`]) frees it.
 
+pub mod fit;
 mod prefix;
 
 use std::collections::VecDeque;

@@ -1,0 +1,225 @@
+//! The fit against an engine whose timing is known: the batching model run in virtual time,
+//! reporting per window what vLLM reports (iteration steps and tokens, inter-token gaps per
+//! step, prefill time and computed tokens per finished request).
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::batching::{Batch, Queued, Timing};
+
+/// What a sequence's owner tracks: when it was scheduled, its last token, its first step's
+/// end.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seq {
+    scheduled: f64,
+    first: f64,
+    last: f64,
+    computed: u32,
+}
+
+struct Arrival {
+    at: f64,
+    prompt: u32,
+    out: u32,
+}
+
+/// Run `arrivals` on one engine; the windows are `window` seconds long.
+fn run(timing: Timing, arrivals: &[Arrival], window: f64) -> Vec<Window> {
+    let mut b: Batch<Seq> = Batch::new(timing);
+    let mut t = 0.0;
+    let mut next = 0;
+    let mut cur = Window::default();
+    let mut out = Vec::new();
+    let mut unique = 0u64;
+    while next < arrivals.len() || !b.is_idle() {
+        if b.is_idle() && next < arrivals.len() {
+            t = f64::max(t, arrivals[next].at);
+        }
+        while next < arrivals.len() && arrivals[next].at <= t {
+            let a = &arrivals[next];
+            unique += 1;
+            b.waiting.push_back(Queued {
+                prompt_len: a.prompt,
+                blocks: vec![unique],
+                unique_blocks: 0,
+                out_len: a.out,
+                tag: Seq::default(),
+            });
+            next += 1;
+        }
+        let before = b.running.len();
+        let prefill = b.admit(|_| {});
+        for s in &mut b.running[before..] {
+            s.tag.scheduled = t;
+            s.tag.computed = s.prompt_len - s.cached;
+        }
+        let end = t + b.step_duration(prefill).as_secs_f64();
+        while end >= cur.at + window {
+            out.push(cur);
+            cur = Window {
+                at: cur.at + window,
+                ..Window::default()
+            };
+        }
+        cur.steps += 1.0;
+        cur.prompt_computed += f64::from(prefill);
+        cur.generated += b.running.len() as f64;
+        for s in &mut b.running {
+            if s.generated == 0 {
+                s.tag.first = end;
+            } else {
+                cur.itl_sum += end - s.tag.last;
+                cur.itl_count += 1.0;
+            }
+            s.tag.last = end;
+        }
+        b.advance(1);
+        b.take_done(|s| {
+            cur.prefill_sum += s.tag.first - s.tag.scheduled;
+            cur.prefill_count += 1.0;
+            cur.prefill_tokens += f64::from(s.tag.computed);
+        });
+        t = end;
+    }
+    out.push(cur);
+    out
+}
+
+fn sim_timing() -> Timing {
+    Timing {
+        max_num_seqs: 8,
+        prefill_per_token: Duration::from_micros(100),
+        decode_base: Duration::from_millis(15),
+        decode_per_seq: Duration::from_millis(1),
+        ..Timing::default()
+    }
+}
+
+/// Bursty on/off arrivals (20 s at `high`/s, 20 s at `low`/s), 80% short prompts (~200
+/// tokens) and 20% long (~3,000), answers of 20–200 tokens with one in ten long (up to 800).
+fn bursty(seconds: f64, high: f64, low: f64, seed: u64) -> Vec<Arrival> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut t = 0.0;
+    let mut out = Vec::new();
+    while t < seconds {
+        let rate = if (t / 20.0) as u64 % 2 == 0 {
+            high
+        } else {
+            low
+        };
+        t += -rng.random::<f64>().max(1e-12).ln() / rate;
+        let prompt = if rng.random::<f64>() < 0.2 {
+            rng.random_range(2_500..3_500)
+        } else {
+            rng.random_range(150..250)
+        };
+        let out_len = if rng.random::<f64>() < 0.1 {
+            rng.random_range(300..800)
+        } else {
+            rng.random_range(20..200)
+        };
+        out.push(Arrival {
+            at: t,
+            prompt,
+            out: out_len,
+        });
+    }
+    out
+}
+
+fn within(name: &str, got: Estimate, want: f64, tol: f64) {
+    let err = (got.value - want).abs() / want;
+    assert!(
+        err <= tol,
+        "{name}: fitted {:.6} ± {:.6} s, true {want:.6} s ({:.1}% off)",
+        got.value,
+        got.stderr,
+        err * 100.0
+    );
+}
+
+fn assert_recovers(fit: &EngineFit, t: &Timing, tol: f64) {
+    within(
+        "prefill_per_token",
+        fit.prefill_per_token,
+        t.prefill_per_token.as_secs_f64(),
+        tol,
+    );
+    within(
+        "decode_base",
+        fit.decode_base,
+        t.decode_base.as_secs_f64(),
+        tol,
+    );
+    within(
+        "decode_per_seq",
+        fit.decode_per_seq,
+        t.decode_per_seq.as_secs_f64(),
+        tol,
+    );
+}
+
+#[test]
+fn bursty_bimodal_traffic_recovers_the_step_costs() {
+    let timing = sim_timing();
+    for seed in [1, 2, 3] {
+        let windows = run(timing.clone(), &bursty(240.0, 3.0, 0.5, seed), 1.0);
+        let fit = fit(&windows).expect("enough windows");
+        eprintln!("seed {seed}: {fit:?}");
+        assert_recovers(&fit, &timing, 0.10);
+        assert!(fit.batch_range.1 > fit.batch_range.0);
+        assert!(fit.prompt_range.1 > 1_000.0, "{:?}", fit.prompt_range);
+    }
+}
+
+#[test]
+fn steady_light_traffic_recovers_the_step_costs() {
+    let timing = sim_timing();
+    let windows = run(timing.clone(), &bursty(240.0, 1.0, 1.0, 7), 1.0);
+    let fit = fit(&windows).expect("enough windows");
+    eprintln!("{fit:?}");
+    assert_recovers(&fit, &timing, 0.10);
+}
+
+#[test]
+fn outlier_windows_do_not_move_the_fit() {
+    let timing = sim_timing();
+    let mut windows = run(timing.clone(), &bursty(240.0, 3.0, 0.5, 4), 1.0);
+    // a few windows where the engine stalled (a GC pause, a swap): ten times slower
+    for w in windows.iter_mut().step_by(25) {
+        w.itl_sum *= 10.0;
+        w.prefill_sum *= 10.0;
+    }
+    assert_recovers(&fit(&windows).expect("fit"), &timing, 0.10);
+}
+
+#[test]
+fn too_little_or_uniform_traffic_is_an_error() {
+    assert_eq!(fit(&[]), Err(FitError::TooFew(0)));
+    let same = Window {
+        steps: 10.0,
+        generated: 10.0,
+        itl_sum: 0.2,
+        itl_count: 10.0,
+        ..Window::default()
+    };
+    assert_eq!(fit(&vec![same; 20]), Err(FitError::Degenerate));
+}
+
+#[test]
+fn the_inverse_is_an_inverse_across_scales() {
+    let m = [[4.0, 2e3, 1e5], [2e3, 2e6, 3e7], [1e5, 3e7, 1e10]];
+    let inv = invert(m).expect("invertible");
+    for i in 0..3 {
+        for j in 0..3 {
+            let v: f64 = (0..3).map(|k| m[i][k] * inv[k][j]).sum();
+            assert!(
+                (v - f64::from(u8::from(i == j))).abs() < 1e-9,
+                "{i}{j}: {v}"
+            );
+        }
+    }
+}
