@@ -180,6 +180,8 @@ pub struct BackendState {
     waiting_seen_ms: AtomicU64,
     /// Measured speeds (EWMAs), fed when requests settle (see [`super::speed`]).
     speeds: Speeds,
+    /// What the engine reports of its own timing, as windows (see [`super::timings`]).
+    timings: super::timings::Timings,
     /// Bumped each time the backend enters a failed state ([`Health::failed`]): requests
     /// waiting for its response head select on it and are rescued elsewhere at once.
     withdrawals: tokio::sync::watch::Sender<u64>,
@@ -212,6 +214,7 @@ impl BackendState {
             signals: ArcSwap::from_pointee(Signals::default()),
             waiting_seen_ms: AtomicU64::new(0),
             speeds: Speeds::default(),
+            timings: Default::default(),
             withdrawals: tokio::sync::watch::Sender::new(0),
             last_answer_ms: AtomicU64::new(0),
         }
@@ -365,6 +368,10 @@ impl BackendState {
     /// Measured speeds (EWMAs); they change only through [`Speeds::observe`].
     pub fn speeds(&self) -> &Speeds {
         &self.speeds
+    }
+
+    pub fn timings(&self) -> &super::timings::Timings {
+        &self.timings
     }
 
     pub fn health(&self) -> Health {

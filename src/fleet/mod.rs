@@ -15,6 +15,8 @@
 //! - [`prom`]: a tolerant Prometheus text-format reader.
 //! - [`signals`]: engine load signals per kind (vLLM/TGI metrics, Ollama loaded models).
 //! - [`speed`]: measured EWMAs per backend (TTFT, prefill and decode speed) and per model.
+//! - [`timings`]: what each engine reports of its own timing, as windows between scrapes (the
+//!   live profile's input).
 //! - [`tokenize`]: exact prompt token counts from a vLLM or TGI backend's tokenizer.
 //! - [`view`]: [`BackendView`], one serialisable snapshot of a backend for the operations
 //!   surfaces (`/admin/backends`, the dashboard, the per-backend gauges).
@@ -34,6 +36,7 @@ pub mod registration;
 pub mod signals;
 pub mod snapshot;
 pub mod speed;
+pub mod timings;
 pub mod tokenize;
 pub mod view;
 

@@ -99,7 +99,11 @@ impl Signals {
 
 /// Read vLLM load from a `/metrics` exposition.
 pub fn parse_vllm(text: &str) -> Signals {
-    let samples = prom::parse(text);
+    vllm_signals(&prom::parse(text))
+}
+
+/// vLLM load from an exposition's samples.
+fn vllm_signals(samples: &[prom::Sample]) -> Signals {
     let mut per_model: HashMap<String, ModelLoad> = HashMap::new();
     let mut kv_new: HashMap<String, (f64, u32)> = HashMap::new();
     let mut kv_old: HashMap<String, (f64, u32)> = HashMap::new();
@@ -281,7 +285,11 @@ pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u
             let Some(body) = get("/metrics").await else {
                 return;
             };
-            parse_vllm(&String::from_utf8_lossy(&body))
+            let samples = prom::parse(&String::from_utf8_lossy(&body));
+            if let Some(c) = super::timings::Counters::from_vllm(&samples, unix_seconds()) {
+                backend.state.timings().observe(c);
+            }
+            vllm_signals(&samples)
         }
         BackendKind::Tgi => {
             let Some(body) = get("/metrics").await else {
@@ -323,6 +331,12 @@ pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u
     }
     backend_signals(backend.name(), &next);
     backend.state.set_signals(next);
+}
+
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// The signals loop of one backend: runs beside its health probe, forever.

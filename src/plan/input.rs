@@ -134,12 +134,20 @@ struct CandidateDoc {
     tp: Option<u32>,
     max_num_seqs: Option<usize>,
     profile: Option<PathBuf>,
-    backend: Option<String>,
+    backend: Option<OneOrMany>,
     timing: Option<TimingDoc>,
     price_per_hour: Option<f64>,
     purchase_price: Option<f64>,
     lifetime_years: Option<f64>,
     power_watts: Option<f64>,
+}
+
+/// One backend name, or several to merge.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 #[derive(Debug, Deserialize)]
@@ -188,8 +196,12 @@ pub enum ServerSource {
         tp: Option<u32>,
         max_num_seqs: usize,
     },
-    /// A backend of a profile exported by a live gateway (`GET /admin/profile`).
-    Measured { profile: PathBuf, backend: String },
+    /// Backends of a profile exported by a live gateway (`GET /admin/profile`): one, or
+    /// several of one kind whose measurements are merged.
+    Measured {
+        profile: PathBuf,
+        backends: Vec<String>,
+    },
     /// The engine timing itself (the simulator's model).
     Timing(Timing),
 }
@@ -483,15 +495,20 @@ fn candidate(c: &CandidateDoc, base: &Path, have_model: bool) -> Result<Candidat
             max_num_seqs: c.max_num_seqs.unwrap_or(256).max(1),
         }
     } else if let Some(p) = &c.profile {
-        let backend = c.backend.clone().ok_or_else(|| {
-            invalid(
+        let backends = match c.backend.clone() {
+            Some(OneOrMany::One(b)) => vec![b],
+            Some(OneOrMany::Many(bs)) => bs,
+            None => Vec::new(),
+        };
+        if backends.is_empty() || backends.iter().any(|b| b.trim().is_empty()) {
+            return Err(invalid(
                 &at("backend"),
-                "a measured server names the profile's backend",
-            )
-        })?;
+                "a measured server names the profile's backend (or a list of backends to merge)",
+            ));
+        }
         ServerSource::Measured {
             profile: base.join(p),
-            backend,
+            backends,
         }
     } else {
         let t = c

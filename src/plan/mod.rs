@@ -12,6 +12,7 @@
 //! - [`roofline`]: the accelerator catalogue and the roofline estimate of an engine.
 //! - [`profile`]: measured profiles (`GET /admin/profile`) into engine timing.
 //! - [`input`]: the plan file and its validation.
+//! - [`trust`]: where a measured candidate's plan leaves what its profile knows.
 //! - [`search`]: percentiles, SLO verdicts, the smallest-count search.
 //! - [`report`]: the plain-text table and the self-contained HTML report.
 //!
@@ -24,6 +25,7 @@ pub mod profile;
 pub mod report;
 pub mod roofline;
 pub mod search;
+pub mod trust;
 pub mod workload;
 
 use input::{Candidate, PlanInput, Price, ServerSource, WorkloadSource};
@@ -130,8 +132,32 @@ pub fn requests(input: &PlanInput) -> Result<Vec<fleet::Request>, PlanError> {
     Ok(reqs)
 }
 
-/// The engine of a candidate for this workload (`Err`: the model does not fit).
+/// The engine of a candidate for this workload (`Err`: the model does not fit), and for a
+/// measured one how well its timing is known.
 pub fn engine(
+    c: &Candidate,
+    input: &PlanInput,
+    reqs: &[fleet::Request],
+) -> Result<(Result<EngineInfo, String>, Option<profile::FitSummary>), PlanError> {
+    if let ServerSource::Measured { profile, backends } = &c.source {
+        let text = std::fs::read_to_string(profile).map_err(|source| PlanError::Read {
+            path: profile.display().to_string(),
+            source,
+        })?;
+        let (timing, fit) = profile::measured(&text, backends).map_err(PlanError::Profile)?;
+        let info = EngineInfo {
+            timing,
+            per_server: 1,
+            tp: None,
+            weights_bytes: None,
+        };
+        return Ok((Ok(info), Some(fit)));
+    }
+    modelled(c, input, reqs).map(|e| (e, None))
+}
+
+/// The engine of a candidate given by timing or specified by GPU.
+fn modelled(
     c: &Candidate,
     input: &PlanInput,
     reqs: &[fleet::Request],
@@ -143,19 +169,9 @@ pub fn engine(
             tp: None,
             weights_bytes: None,
         })),
-        ServerSource::Measured { profile, backend } => {
-            let text = std::fs::read_to_string(profile).map_err(|source| PlanError::Read {
-                path: profile.display().to_string(),
-                source,
-            })?;
-            let timing = profile::backend_timing(&text, backend).map_err(PlanError::Profile)?;
-            Ok(Ok(EngineInfo {
-                timing,
-                per_server: 1,
-                tp: None,
-                weights_bytes: None,
-            }))
-        }
+        ServerSource::Measured { .. } => Err(PlanError::Invalid(
+            "a measured candidate's engine comes from its profile".into(),
+        )),
         ServerSource::Specified {
             gpu,
             gpus,
@@ -231,24 +247,38 @@ pub fn plan(
     for c in &input.candidates {
         engines.push(engine(c, input, &reqs)?);
     }
-    let curves: Vec<Curve> = std::thread::scope(|s| {
+    let searched: Vec<(Curve, Option<profile::FitSummary>)> = std::thread::scope(|s| {
         let handles: Vec<_> = input
             .candidates
             .iter()
             .zip(&engines)
-            .map(|(c, e)| {
+            .map(|(c, (e, fit))| {
                 let reqs = &reqs;
                 s.spawn(move || match e {
-                    Ok(e) => search::smallest(
-                        reqs,
-                        &e.timing,
-                        e.per_server,
-                        input.max_servers,
-                        &input.slo,
-                        input.policy,
-                        &mut |n, st| progress(&c.name, n, st),
-                    ),
-                    Err(_) => Curve::default(),
+                    Ok(e) => {
+                        let curve = search::smallest(
+                            reqs,
+                            &e.timing,
+                            e.per_server,
+                            input.max_servers,
+                            &input.slo,
+                            input.policy,
+                            &mut |n, st| progress(&c.name, n, st),
+                        );
+                        let fit = fit.clone().map(|mut f| {
+                            let check = trust::Check {
+                                reqs,
+                                timing: &e.timing,
+                                per_server: e.per_server,
+                                slo: &input.slo,
+                                policy: input.policy,
+                            };
+                            trust::assess(&mut f, &curve, &check);
+                            f
+                        });
+                        (curve, fit)
+                    }
+                    Err(_) => (Curve::default(), fit.clone()),
                 })
             })
             .collect();
@@ -261,8 +291,8 @@ pub fn plan(
         .candidates
         .iter()
         .zip(engines)
-        .zip(curves)
-        .map(|((c, engine), curve)| {
+        .zip(searched)
+        .map(|((c, (engine, _)), (curve, fit))| {
             let (server_cost_per_hour, power_watts) = costs(c, input.electricity_per_kwh);
             CandidateReport {
                 name: c.name.clone(),
@@ -270,7 +300,7 @@ pub fn plan(
                 curve,
                 server_cost_per_hour,
                 power_watts,
-                fit: None,
+                fit,
             }
         })
         .collect();

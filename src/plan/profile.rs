@@ -1,14 +1,18 @@
-//! Measured servers: the profile a live gateway exports (`GET /admin/profile`) — each
-//! backend's learned prefill speed, decode speed at the batch sizes it was seen at, batch slots
-//! and KV capacity — and its conversion into an engine [`Timing`].
+//! Measured servers: the profile a live gateway exports (`GET /admin/profile`) and its
+//! conversion into an engine [`Timing`] with a [`FitSummary`] of how well it is known.
 //!
-//! A decode step gives every running sequence one token, so a per-request decode speed `tps`
-//! at batch `b` is a step of `1/tps`; the steps at the measured batches are fitted to
-//! `decode_base + decode_per_seq × b` (least squares; one batch size: all of it is
-//! `decode_base`). Prefill costs `1/prefill_tokens_per_second` per token.
+//! Where the engine reports its own timing (vLLM's step, inter-token and prefill histograms),
+//! the profile carries those measurements as windows and the planner fits the step costs to
+//! them ([`crate::batching::fit`]); the windows of several backends of one kind are merged
+//! into one fit, and a backend whose own fit differs from the merged one is named with how far.
+//! Otherwise the gateway's client-side speeds are the fallback: a per-request decode speed
+//! `tps` at batch `b` is a step of `1/tps`, fitted to `decode_base + decode_per_seq × b`, and
+//! prefill costs `1/prefill_tokens_per_second` per token — queue wait and prefill are not
+//! separated there, which the summary says.
 
 use serde::{Deserialize, Serialize};
 
+use crate::batching::fit::{self, EngineFit, Window};
 use crate::batching::Timing;
 use std::time::Duration;
 
@@ -22,14 +26,32 @@ pub struct Profile {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BackendProfile {
     pub name: String,
+    /// The backend kind (`vllm`, `tgi`, …), when the exporting gateway said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
     /// Batch slots (learned, configured or the kind's default).
     pub slots: u64,
     /// KV capacity in tokens, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_capacity_tokens: Option<u64>,
-    pub prefill_tokens_per_second: f64,
-    /// Per-request decode speed at the batch sizes it was measured at.
+    /// The gateway's client-side prefill speed (fallback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_tokens_per_second: Option<f64>,
+    /// The gateway's client-side per-request decode speed at the batch sizes it was measured
+    /// at (fallback).
+    #[serde(default)]
     pub decode: Vec<DecodePoint>,
+    /// What the engine itself reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineReport>,
+}
+
+/// The engine's own timing measurements (the exporter's fit is informative only: the planner
+/// refits, so merged backends share one fit).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineReport {
+    #[serde(default)]
+    pub windows: Vec<Window>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -72,11 +94,16 @@ pub struct FitParam {
 const DEFAULT_KV_TOKENS: u64 = 131_072;
 
 impl BackendProfile {
-    /// The engine timing these measurements stand for.
-    pub fn timing(&self) -> Result<Timing, String> {
-        if !(self.prefill_tokens_per_second > 0.0 && self.prefill_tokens_per_second.is_finite()) {
+    fn windows(&self) -> &[Window] {
+        self.engine.as_ref().map_or(&[], |e| e.windows.as_slice())
+    }
+
+    /// The engine timing the gateway's client-side speeds stand for.
+    fn gateway_timing(&self) -> Result<Timing, String> {
+        let prefill = self.prefill_tokens_per_second.unwrap_or(0.0);
+        if !(prefill > 0.0 && prefill.is_finite()) {
             return Err(format!(
-                "backend `{}`: prefill_tokens_per_second must be above zero",
+                "backend `{}`: no engine timing and no prefill speed measured",
                 self.name
             ));
         }
@@ -89,20 +116,27 @@ impl BackendProfile {
         if points.is_empty() {
             return Err(format!("backend `{}`: no decode measurement", self.name));
         }
-        let (base, per_seq) = fit(&points);
+        let (base, per_seq) = least_squares(&points);
         Ok(Timing {
-            max_num_seqs: self.slots.max(1) as usize,
-            kv_capacity_tokens: self.kv_capacity_tokens.unwrap_or(DEFAULT_KV_TOKENS).max(1),
-            prefill_per_token: Duration::from_secs_f64(1.0 / self.prefill_tokens_per_second),
+            prefill_per_token: Duration::from_secs_f64(1.0 / prefill),
             decode_base: Duration::from_secs_f64(base),
             decode_per_seq: Duration::from_secs_f64(per_seq),
-            ..Timing::default()
+            ..self.limits()
         })
+    }
+
+    /// Slots and KV capacity, with the rest of the timing at its defaults.
+    fn limits(&self) -> Timing {
+        Timing {
+            max_num_seqs: self.slots.max(1) as usize,
+            kv_capacity_tokens: self.kv_capacity_tokens.unwrap_or(DEFAULT_KV_TOKENS).max(1),
+            ..Timing::default()
+        }
     }
 }
 
 /// Least-squares `step = base + per_seq × batch`, both ≥ 0.
-fn fit(points: &[(f64, f64)]) -> (f64, f64) {
+fn least_squares(points: &[(f64, f64)]) -> (f64, f64) {
     let n = points.len() as f64;
     let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
     let my = points.iter().map(|p| p.1).sum::<f64>() / n;
@@ -115,36 +149,305 @@ fn fit(points: &[(f64, f64)]) -> (f64, f64) {
     ((my - per_seq * mx).max(0.0), per_seq)
 }
 
-/// Parse a profile and pick `backend` out of it.
-pub fn backend_timing(text: &str, backend: &str) -> Result<Timing, String> {
+/// A backend's fitted parameter differing from the merged fit by more than this share (and
+/// by more than twice the two standard errors) is named.
+const DIFFERS: f64 = 0.15;
+
+/// Parse a profile and make one engine timing of `backends` (one, or several of one kind to
+/// merge), with its summary.
+pub fn measured(text: &str, backends: &[String]) -> Result<(Timing, FitSummary), String> {
     let p: Profile = serde_json::from_str(text).map_err(|e| format!("not a profile: {e}"))?;
     let known: Vec<&str> = p.backends.iter().map(|b| b.name.as_str()).collect();
-    let b = p
-        .backends
+    let chosen = backends
         .iter()
-        .find(|b| b.name == backend)
-        .ok_or_else(|| {
-            format!(
-                "no backend `{backend}` in the profile (it has: {})",
-                known.join(", ")
-            )
-        })?;
-    b.timing()
+        .map(|name| {
+            p.backends.iter().find(|b| &b.name == name).ok_or_else(|| {
+                format!(
+                    "no backend `{name}` in the profile (it has: {})",
+                    known.join(", ")
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let Some(first) = chosen.first() else {
+        return Err("no backend named".into());
+    };
+    let kinds: Vec<&str> = chosen.iter().filter_map(|b| b.kind.as_deref()).collect();
+    if kinds.windows(2).any(|k| k[0] != k[1]) {
+        return Err(format!(
+            "backends of different kinds cannot be merged ({})",
+            kinds.join(", ")
+        ));
+    }
+    let mut warnings = Vec::new();
+    let slots: Vec<u64> = chosen.iter().map(|b| b.slots).collect();
+    if slots.windows(2).any(|s| s[0] != s[1]) {
+        warnings.push(format!(
+            "the merged backends have different batch slots ({}); the plan uses the fewest",
+            slots
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let limits = BackendProfile {
+        slots: slots.iter().copied().min().unwrap_or(1),
+        kv_capacity_tokens: chosen.iter().filter_map(|b| b.kv_capacity_tokens).min(),
+        ..(*first).clone()
+    }
+    .limits();
+    let with_engine: Vec<&BackendProfile> = chosen
+        .iter()
+        .copied()
+        .filter(|b| !b.windows().is_empty())
+        .collect();
+    if with_engine.is_empty() {
+        return from_gateway(&chosen, limits, warnings);
+    }
+    if with_engine.len() < chosen.len() {
+        let left: Vec<&str> = chosen
+            .iter()
+            .filter(|b| b.windows().is_empty())
+            .map(|b| b.name.as_str())
+            .collect();
+        warnings.push(format!(
+            "left out of the fit (their engines reported no timing): {}",
+            left.join(", ")
+        ));
+    }
+    let merged: Vec<Window> = with_engine
+        .iter()
+        .flat_map(|b| b.windows())
+        .copied()
+        .collect();
+    let f = fit::fit(&merged)
+        .map_err(|e| format!("the engine timing of {}: {e}", names(&with_engine)))?;
+    if with_engine.len() > 1 {
+        warnings.extend(differences(&with_engine, &f));
+    }
+    let timing = Timing {
+        prefill_per_token: Duration::from_secs_f64(f.prefill_per_token.value),
+        decode_base: Duration::from_secs_f64(f.decode_base.value),
+        decode_per_seq: Duration::from_secs_f64(f.decode_per_seq.value),
+        ..limits
+    };
+    let summary = FitSummary {
+        backends: with_engine.iter().map(|b| b.name.clone()).collect(),
+        source: "engine metrics".into(),
+        params: params(&f),
+        batch_range: f.batch_range,
+        prompt_range: f.prompt_range,
+        samples: f.windows,
+        warnings,
+    };
+    Ok((timing, summary))
+}
+
+fn names(bs: &[&BackendProfile]) -> String {
+    bs.iter()
+        .map(|b| format!("`{}`", b.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn params(f: &EngineFit) -> Vec<FitParam> {
+    [
+        ("prefill_per_token", f.prefill_per_token),
+        ("decode_base", f.decode_base),
+        ("decode_per_seq", f.decode_per_seq),
+    ]
+    .into_iter()
+    .map(|(name, e)| FitParam {
+        name: name.into(),
+        value: e.value,
+        stderr: e.stderr,
+    })
+    .collect()
+}
+
+/// The backends whose own fit differs from the merged one, and by how much.
+fn differences(bs: &[&BackendProfile], merged: &EngineFit) -> Vec<String> {
+    let all = params(merged);
+    let mut out = Vec::new();
+    for b in bs {
+        let Ok(own) = fit::fit(b.windows()) else {
+            continue;
+        };
+        for (m, o) in all.iter().zip(params(&own)) {
+            let gap = (o.value - m.value).abs();
+            if m.value > 0.0 && gap > DIFFERS * m.value && gap > 2.0 * (o.stderr + m.stderr) {
+                out.push(format!(
+                    "`{}` differs from the merged fit: {} {:.3} ms where the merged fit has {:.3} ms ({:.2}×)",
+                    b.name,
+                    o.name,
+                    o.value * 1e3,
+                    m.value * 1e3,
+                    o.value / m.value
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The fallback: the gateway's client-side speeds (of the first backend that has them).
+fn from_gateway(
+    chosen: &[&BackendProfile],
+    limits: Timing,
+    mut warnings: Vec<String>,
+) -> Result<(Timing, FitSummary), String> {
+    let mut first_error = None;
+    let found = chosen.iter().find_map(|b| match b.gateway_timing() {
+        Ok(t) => Some((b, t)),
+        Err(e) => {
+            first_error.get_or_insert(e);
+            None
+        }
+    });
+    let Some((b, t)) = found else {
+        return Err(first_error.unwrap_or_else(|| "no backend named".into()));
+    };
+    warnings.push(format!(
+        "measured from the gateway's side (`{}`'s engine reported no timing): queue wait, \
+         prefill and decode are not separated, and no uncertainty is known",
+        b.name
+    ));
+    let timing = Timing {
+        max_num_seqs: limits.max_num_seqs,
+        kv_capacity_tokens: limits.kv_capacity_tokens,
+        ..t
+    };
+    let p = |name: &str, d: Duration| FitParam {
+        name: name.into(),
+        value: d.as_secs_f64(),
+        stderr: 0.0,
+    };
+    let batches = b.decode.iter().map(|d| d.batch);
+    let summary = FitSummary {
+        backends: vec![b.name.clone()],
+        source: "gateway timings".into(),
+        params: vec![
+            p("prefill_per_token", timing.prefill_per_token),
+            p("decode_base", timing.decode_base),
+            p("decode_per_seq", timing.decode_per_seq),
+        ],
+        batch_range: (
+            batches.clone().fold(f64::MAX, f64::min),
+            batches.fold(0.0, f64::max),
+        ),
+        prompt_range: (0.0, 0.0),
+        samples: 0,
+        warnings,
+    };
+    Ok((timing, summary))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Windows on which an engine of `(base, per_seq, per_token)` seconds reports exactly.
+    fn windows(base: f64, per_seq: f64, per_token: f64) -> Vec<Window> {
+        (0..20)
+            .map(|i| {
+                let (steps, batch) = (50.0, 1.0 + f64::from(i % 8));
+                let (per_step, per_req) =
+                    (f64::from(i % 5) * 40.0, 200.0 + f64::from(i % 4) * 900.0);
+                let step = |p: f64| base + per_seq * batch + per_token * p;
+                Window {
+                    at: f64::from(i),
+                    steps,
+                    generated: steps * batch,
+                    prompt_computed: steps * per_step,
+                    itl_sum: 100.0 * step(per_step),
+                    itl_count: 100.0,
+                    prefill_sum: 4.0 * step(per_req),
+                    prefill_count: 4.0,
+                    prefill_tokens: 4.0 * per_req,
+                }
+            })
+            .collect()
+    }
+
+    fn backend(name: &str, kind: &str, w: Vec<Window>) -> BackendProfile {
+        BackendProfile {
+            name: name.into(),
+            kind: Some(kind.into()),
+            slots: 8,
+            kv_capacity_tokens: Some(50_000),
+            prefill_tokens_per_second: None,
+            decode: Vec::new(),
+            engine: Some(EngineReport { windows: w }),
+        }
+    }
+
+    fn doc(bs: Vec<BackendProfile>) -> String {
+        serde_json::to_string(&Profile { backends: bs }).expect("serialises")
+    }
+
+    fn names(n: &[&str]) -> Vec<String> {
+        n.iter().map(|s| s.to_string()).collect()
+    }
+
     #[test]
-    fn decode_steps_are_fitted_to_base_plus_per_sequence() {
+    fn engine_windows_of_backends_of_one_kind_merge_into_one_fit() {
+        let text = doc(vec![
+            backend("a", "vllm", windows(0.015, 0.001, 0.0001)),
+            backend("b", "vllm", windows(0.015, 0.001, 0.0001)),
+        ]);
+        let (t, s) = measured(&text, &names(&["a", "b"])).expect("fits");
+        assert!((t.prefill_per_token.as_secs_f64() - 0.0001).abs() < 1e-9);
+        assert!((t.decode_base.as_secs_f64() - 0.015).abs() < 1e-7);
+        assert!((t.decode_per_seq.as_secs_f64() - 0.001).abs() < 1e-8);
+        assert_eq!((t.max_num_seqs, t.kv_capacity_tokens), (8, 50_000));
+        assert_eq!((s.source.as_str(), s.samples), ("engine metrics", 40));
+        assert_eq!(s.backends, names(&["a", "b"]));
+        assert_eq!(s.batch_range, (1.0, 8.0));
+        assert_eq!(s.prompt_range, (200.0, 2_900.0));
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    }
+
+    #[test]
+    fn a_backend_unlike_the_others_is_named_with_how_far() {
+        let text = doc(vec![
+            backend("a", "vllm", windows(0.015, 0.001, 0.0001)),
+            backend("b", "vllm", windows(0.015, 0.001, 0.0001)),
+            backend("slow", "vllm", windows(0.015, 0.001, 0.0004)),
+        ]);
+        let (_, s) = measured(&text, &names(&["a", "b", "slow"])).expect("fits");
+        assert!(
+            s.warnings
+                .iter()
+                .any(|w| w.contains("`slow` differs") && w.contains("prefill_per_token")),
+            "{:?}",
+            s.warnings
+        );
+        assert!(
+            !s.warnings.iter().any(|w| w.contains("`a` differs")),
+            "{:?}",
+            s.warnings
+        );
+    }
+
+    #[test]
+    fn kinds_do_not_mix_and_missing_backends_are_listed() {
+        let text = doc(vec![
+            backend("a", "vllm", windows(0.015, 0.001, 0.0001)),
+            backend("t", "tgi", windows(0.015, 0.001, 0.0001)),
+        ]);
+        let err = measured(&text, &names(&["a", "t"])).expect_err("two kinds");
+        assert!(err.contains("different kinds"), "{err}");
+        let err = measured(&text, &names(&["x"])).expect_err("absent");
+        assert!(err.contains("it has: a, t"), "{err}");
+    }
+
+    #[test]
+    fn without_engine_timing_the_gateway_speeds_are_the_fallback_and_say_so() {
         // steps of 15 ms + 0.15 ms × b
         let step = |b: f64| 0.015 + 0.00015 * b;
         let b = BackendProfile {
-            name: "gpu-a".into(),
-            slots: 64,
-            kv_capacity_tokens: Some(50_000),
-            prefill_tokens_per_second: 10_000.0,
+            prefill_tokens_per_second: Some(10_000.0),
             decode: [1.0, 16.0, 64.0]
                 .iter()
                 .map(|b| DecodePoint {
@@ -152,23 +455,30 @@ mod tests {
                     tokens_per_second: 1.0 / step(*b),
                 })
                 .collect(),
+            engine: None,
+            ..backend("gpu-a", "ollama", Vec::new())
         };
-        let t = b.timing().expect("valid");
+        let (t, s) = measured(&doc(vec![b]), &names(&["gpu-a"])).expect("valid");
         assert!((t.decode_base.as_secs_f64() - 0.015).abs() < 1e-6);
         assert!((t.decode_per_seq.as_secs_f64() - 0.00015).abs() < 1e-7);
         assert_eq!(t.prefill_per_token, Duration::from_micros(100));
-        assert_eq!((t.max_num_seqs, t.kv_capacity_tokens), (64, 50_000));
+        assert_eq!(s.source, "gateway timings");
+        assert_eq!(s.batch_range, (1.0, 64.0));
+        assert!(s.warnings[0].contains("not separated"), "{:?}", s.warnings);
     }
 
     #[test]
-    fn a_missing_backend_or_measurement_is_an_error() {
+    fn a_backend_with_nothing_measured_is_an_error() {
         let text =
             r#"{"backends":[{"name":"a","slots":8,"prefill_tokens_per_second":100,"decode":[]}]}"#;
-        assert!(backend_timing(text, "b")
-            .expect_err("absent")
-            .contains("it has: a"));
-        assert!(backend_timing(text, "a")
-            .expect_err("no decode")
-            .contains("no decode"));
+        let err = measured(text, &names(&["a"])).expect_err("no decode");
+        assert!(err.contains("no decode"), "{err}");
+        let text = doc(vec![backend(
+            "a",
+            "vllm",
+            windows(0.015, 0.001, 0.0001)[..3].to_vec(),
+        )]);
+        let err = measured(&text, &names(&["a"])).expect_err("three windows");
+        assert!(err.contains("too few"), "{err}");
     }
 }

@@ -245,21 +245,40 @@ pub fn warm(b: &Backend, model: &str) -> Option<bool> {
 }
 
 /// A backend's measured profile for `/admin/profile` (the input of `sluice plan`'s measured
-/// servers): batch slots, KV capacity when learned, prefill speed and the decode speed at the
-/// batch it was measured at. `None` until both speeds are measured.
+/// servers): batch slots, KV capacity when learned, the engine's own timing windows and the
+/// step costs fitted to them (see [`crate::batching::fit`]), and the gateway's client-side
+/// speeds as the fallback for engines that report no timing. `None` until either exists.
 pub fn profile_view(b: &Backend) -> Option<serde_json::Value> {
     let sp = b.state.speeds();
-    let prefill = sp.prefill_tps.get()?;
-    let decode = sp.decode_tps.get()?;
+    let prefill = sp.prefill_tps.get();
+    let decode = sp.decode_tps.get();
+    let windows = b.state.timings().windows();
+    if windows.is_empty() && (prefill.is_none() || decode.is_none()) {
+        return None;
+    }
     let sig = b.state.signals();
-    Some(serde_json::json!({
+    let mut v = serde_json::json!({
         "name": b.name(),
+        "kind": b.kind().as_str(),
         "slots": slots(b).round() as u64,
         "kv_capacity_tokens": sig.learned_kv_tokens,
-        "prefill_tokens_per_second": prefill,
-        "decode": [{"batch": sp.busy_seen().unwrap_or(1.0).max(1.0), "tokens_per_second": decode}],
         "samples": sp.samples.load(Ordering::Relaxed),
-    }))
+    });
+    if let (Some(prefill), Some(decode)) = (prefill, decode) {
+        v["prefill_tokens_per_second"] = prefill.into();
+        v["decode"] = serde_json::json!([{
+            "batch": sp.busy_seen().unwrap_or(1.0).max(1.0),
+            "tokens_per_second": decode,
+        }]);
+    }
+    if !windows.is_empty() {
+        let (fit, error) = match crate::batching::fit::fit(&windows) {
+            Ok(f) => (serde_json::to_value(f).ok(), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        v["engine"] = serde_json::json!({ "fit": fit, "fit_error": error, "windows": windows });
+    }
+    Some(v)
 }
 
 /// The score inputs of a backend for `/admin/backends`: engine signals, measured speeds, the

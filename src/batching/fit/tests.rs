@@ -213,13 +213,14 @@ fn too_little_or_uniform_traffic_is_an_error() {
 fn the_inverse_is_an_inverse_across_scales() {
     let m = [[4.0, 2e3, 1e5], [2e3, 2e6, 3e7], [1e5, 3e7, 1e10]];
     let inv = invert(m).expect("invertible");
-    for i in 0..3 {
-        for j in 0..3 {
-            let v: f64 = (0..3).map(|k| m[i][k] * inv[k][j]).sum();
-            assert!(
-                (v - f64::from(u8::from(i == j))).abs() < 1e-9,
-                "{i}{j}: {v}"
-            );
+    for (i, row) in m.iter().enumerate() {
+        for (j, want) in [0, 1, 2]
+            .map(|j| f64::from(u8::from(i == j)))
+            .iter()
+            .enumerate()
+        {
+            let v: f64 = row.iter().zip(&inv).map(|(a, r)| a * r[j]).sum();
+            assert!((v - want).abs() < 1e-9, "{i}{j}: {v}");
         }
     }
 }
