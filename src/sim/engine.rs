@@ -16,6 +16,11 @@
 //! - The gauges in [`ModelStats`] are written only by the scheduler, except `waiting`, which
 //!   `submit` increments so admission limits see a request at once; `waiting_scheduled` is
 //!   what the last admission round left waiting (what vLLM reports).
+//! - Engine metrics come from the scheduler's own instants: a request is scheduled at its
+//!   admission round, which starts the step that prefills it; each step's end is the time of
+//!   the token every running sequence gets in it. One [`StepObs`] per step and one
+//!   [`FinishObs`] per finished request carry them to [`ModelStats`]; the final [`Progress`]
+//!   carries them to the request's handler ([`SeqTimes`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -26,7 +31,7 @@ use tokio::task::JoinHandle;
 
 use super::config::Timing;
 use super::fault::FaultState;
-use super::metrics::ModelStats;
+use super::metrics::{FinishObs, ModelStats, StepObs};
 use crate::batching::{block_hashes, Batch, Queued, Running};
 
 /// Progress of one request, as seen by its handler.
@@ -38,6 +43,19 @@ pub(crate) struct Progress {
     pub cached: u32,
     /// The answer is complete.
     pub done: bool,
+    /// The request's instants, in the final message only.
+    pub times: Option<SeqTimes>,
+}
+
+/// When a request was queued, admitted (scheduled), got its first and its last token, on the
+/// scheduler's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SeqTimes {
+    pub enqueued: Instant,
+    pub admitted: Instant,
+    /// `None` when it generated nothing.
+    pub first_token: Option<Instant>,
+    pub last_token: Instant,
 }
 
 /// What the scheduler tracks a request by, besides the batch's own fields.
@@ -45,6 +63,9 @@ struct Tag {
     events: mpsc::Sender<Progress>,
     enqueued: Instant,
     admitted: Instant,
+    first_token: Option<Instant>,
+    /// The request's effective `max_tokens`.
+    max_tokens: u32,
 }
 
 /// Handle to the scheduler of one model; dropping it stops the task.
@@ -77,6 +98,9 @@ impl Engine {
             fault,
             stats: stats.clone(),
             finishing: Vec::new(),
+            step_start: Instant::now(),
+            prev_step_end: Instant::now(),
+            prefill_share: 0.0,
         };
         let task = tokio::spawn(sched.run(rx));
         Engine {
@@ -87,11 +111,13 @@ impl Engine {
         }
     }
 
-    /// Queue a request; `None` if the scheduler is gone.
+    /// Queue a request of `out_len` tokens whose effective `max_tokens` is `max_tokens`;
+    /// `None` if the scheduler is gone.
     pub(crate) fn submit(
         &self,
         prompt_ids: Vec<u32>,
         out_len: u32,
+        max_tokens: u32,
     ) -> Option<mpsc::Receiver<Progress>> {
         let (events, rx) = mpsc::channel(32);
         self.stats.waiting.fetch_add(1, Relaxed);
@@ -105,6 +131,8 @@ impl Engine {
                 events,
                 enqueued: now,
                 admitted: now,
+                first_token: None,
+                max_tokens,
             },
         };
         if self.tx.send(q).is_err() {
@@ -121,6 +149,11 @@ struct Scheduler {
     fault: Arc<FaultState>,
     stats: Arc<ModelStats>,
     finishing: Vec<(mpsc::Sender<Progress>, Progress)>,
+    /// The current step's admission round (its start) and the previous step's end.
+    step_start: Instant,
+    prev_step_end: Instant,
+    /// The share of the current step that prefills the requests admitted in it.
+    prefill_share: f64,
 }
 
 impl Scheduler {
@@ -171,63 +204,80 @@ impl Scheduler {
         }
     }
 
-    /// Admit waiting requests; returns the number of uncached prompt tokens to prefill.
+    /// Admit waiting requests (the round that starts the next step); returns the number of
+    /// uncached prompt tokens to prefill.
     fn admit(&mut self) -> u32 {
         let stats = &self.stats;
         let now = Instant::now();
         let before = self.batch.running.len();
         let prefill = self.batch.admit(|seq| {
             stats.waiting.fetch_sub(1, Relaxed);
-            let prompt_len = u64::from(seq.prompt_len);
-            stats.prefix_queries.fetch_add(prompt_len, Relaxed);
+            stats
+                .prefix_queries
+                .fetch_add(u64::from(seq.prompt_len), Relaxed);
             stats.prefix_hits.fetch_add(u64::from(seq.cached), Relaxed);
-            stats.prompt_tokens.fetch_add(prompt_len, Relaxed);
-            stats.queue_time.observe(
-                now.saturating_duration_since(seq.tag.enqueued)
-                    .as_secs_f64(),
-            );
         });
+        let admitted = self.batch.running.len() - before;
         for seq in &mut self.batch.running[before..] {
             seq.tag.admitted = now;
         }
+        stats.admitted_group(admitted as u64);
+        self.step_start = now;
+        self.prefill_share = prefill_share(self.batch.timing(), admitted, before, prefill);
         prefill
     }
 
+    /// The step ended: every running sequence has one more token.
     fn step_done(&mut self) {
         let now = Instant::now();
         let aborted = self.batch.retain_running(|s| !s.tag.events.is_closed());
         self.stats.aborted.fetch_add(aborted as u64, Relaxed);
-        let tokens = self.batch.advance(1);
-        for seq in &self.batch.running {
-            if seq.out_len > 0 && seq.generated == 1 {
-                self.stats.ttft.observe(
-                    now.saturating_duration_since(seq.tag.enqueued)
-                        .as_secs_f64(),
-                );
+        let mut obs = StepObs {
+            secs: secs(self.step_start, now),
+            prefill_share: self.prefill_share,
+            itl_secs: secs(self.prev_step_end, now),
+            generated: self.batch.advance(1),
+            ..StepObs::default()
+        };
+        for seq in &mut self.batch.running {
+            if seq.tag.first_token.is_some() {
+                obs.decoding += 1;
+            } else {
+                obs.prefilled += 1;
+                obs.prompt_tokens += u64::from(seq.prompt_len);
+                obs.cached_tokens += u64::from(seq.cached);
+                if seq.generated > 0 {
+                    seq.tag.first_token = Some(now);
+                    self.stats.first_token(secs(seq.tag.enqueued, now));
+                }
             }
             if !seq.done() {
-                let _ = seq.tag.events.try_send(progress(seq));
+                let _ = seq.tag.events.try_send(progress(seq, None));
             }
         }
+        self.stats.step(&obs);
+        self.prev_step_end = now;
+        self.finish(now);
+    }
+
+    /// Hand the finished sequences their final message and count them.
+    fn finish(&mut self, now: Instant) {
         let stats = &self.stats;
         let finishing = &mut self.finishing;
         self.batch.take_done(|seq| {
-            let p = progress(&seq);
-            let sent = seq.tag.events.try_send(p);
-            stats.e2e.observe(
-                now.saturating_duration_since(seq.tag.enqueued)
-                    .as_secs_f64(),
-            );
-            stats.inference_time.observe(
-                now.saturating_duration_since(seq.tag.admitted)
-                    .as_secs_f64(),
-            );
-            if let Err(mpsc::error::TrySendError::Full(p)) = sent {
+            let t = &seq.tag;
+            let times = SeqTimes {
+                enqueued: t.enqueued,
+                admitted: t.admitted,
+                first_token: t.first_token,
+                last_token: now,
+            };
+            stats.finished(&finish_obs(&seq, &times));
+            let p = progress(&seq, Some(times));
+            if let Err(mpsc::error::TrySendError::Full(p)) = seq.tag.events.try_send(p) {
                 finishing.push((seq.tag.events, p));
             }
         });
-        self.stats.generation_tokens.fetch_add(tokens, Relaxed);
-        self.stats.iterations.fetch_add(1, Relaxed);
     }
 
     fn retry_finishing(&mut self) {
@@ -257,11 +307,53 @@ impl Scheduler {
     }
 }
 
+/// Seconds from `a` to `b` (0 if `b` is earlier).
+fn secs(a: Instant, b: Instant) -> f64 {
+    b.saturating_duration_since(a).as_secs_f64()
+}
+
+/// The share of a step that the timing model gives to prefilling `admitted` new sequences
+/// (`prefill` uncached tokens) next to `running` older ones, which decode: the new ones' prompt
+/// and per-sequence costs, plus the fixed cost when nothing else runs. It only splits a step
+/// measured on the clock into TGI's two forward passes.
+fn prefill_share(t: &Timing, admitted: usize, running: usize, prefill: u32) -> f64 {
+    if admitted == 0 {
+        return 0.0;
+    }
+    if running == 0 {
+        return 1.0;
+    }
+    let new = t.prefill_per_token.as_secs_f64() * f64::from(prefill)
+        + t.decode_per_seq.as_secs_f64() * admitted as f64;
+    let old = t.decode_base.as_secs_f64() + t.decode_per_seq.as_secs_f64() * running as f64;
+    if new + old > 0.0 {
+        new / (new + old)
+    } else {
+        0.5
+    }
+}
+
+/// A finished sequence's metrics.
+fn finish_obs(seq: &Running<Tag>, t: &SeqTimes) -> FinishObs {
+    FinishObs {
+        queue: secs(t.enqueued, t.admitted),
+        prefill: t.first_token.map(|f| secs(t.admitted, f)),
+        decode: t.first_token.map_or(0.0, |f| secs(f, t.last_token)),
+        inference: secs(t.admitted, t.last_token),
+        e2e: secs(t.enqueued, t.last_token),
+        prompt_tokens: seq.prompt_len,
+        cached_tokens: seq.cached,
+        generated: seq.generated,
+        max_tokens: seq.tag.max_tokens,
+    }
+}
+
 /// What a sequence's request is told after a step.
-fn progress(seq: &Running<Tag>) -> Progress {
+fn progress(seq: &Running<Tag>, times: Option<SeqTimes>) -> Progress {
     Progress {
         generated: seq.generated,
         cached: seq.cached,
         done: seq.done(),
+        times,
     }
 }

@@ -10,11 +10,12 @@
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::engine::Progress;
+use super::engine::{Progress, SeqTimes};
+use super::metrics::FinishObs;
 use super::server::Sim;
 use super::text::{Finish, Plan};
 
@@ -29,6 +30,8 @@ pub(crate) struct Gen {
     pub started: Instant,
     pub first_at: Option<Instant>,
     pub done_at: Option<Instant>,
+    /// The scheduler's instants for this request (with a scheduler, once it is done).
+    times: Option<SeqTimes>,
     finished: bool,
 }
 
@@ -55,7 +58,11 @@ impl Gen {
                         return Err(StartError::QueueFull);
                     }
                 }
-                engine.submit(plan.prompt_ids.clone(), plan.completion_tokens())
+                engine.submit(
+                    plan.prompt_ids.clone(),
+                    plan.completion_tokens(),
+                    effective_max_tokens(sim, &plan),
+                )
             }
             None => None,
         };
@@ -63,6 +70,12 @@ impl Gen {
         sim.counters
             .tokens_in
             .fetch_add(u64::from(plan.prompt_tokens()), Relaxed);
+        if sim.config.kind == super::config::SimKind::Tgi {
+            // TGI records the input length when it validates a request
+            sim.counters
+                .tgi_input_length
+                .observe(f64::from(plan.prompt_tokens()));
+        }
         Ok(Gen {
             plan,
             sim: sim.clone(),
@@ -73,6 +86,7 @@ impl Gen {
             started: Instant::now(),
             first_at: None,
             done_at: None,
+            times: None,
             finished: false,
         })
     }
@@ -94,29 +108,62 @@ impl Gen {
             Finish::Length => s.success_length.fetch_add(1, Relaxed),
         };
         if m.engine.is_none() {
-            // the scheduler did not see this request: account for it here
-            s.prompt_tokens
-                .fetch_add(u64::from(self.plan.prompt_tokens()), Relaxed);
-            s.prefix_queries
-                .fetch_add(u64::from(self.plan.prompt_tokens()), Relaxed);
-            s.generation_tokens
-                .fetch_add(u64::from(self.plan.completion_tokens()), Relaxed);
-            s.ttft.observe(0.0);
-            s.e2e.observe(0.0);
+            self.record_unscheduled();
         }
         let c = &self.sim.counters;
         c.tokens_out
             .fetch_add(u64::from(self.plan.completion_tokens()), Relaxed);
         c.infer_success.fetch_add(1, Relaxed);
-        if self.sim.config.kind != super::config::SimKind::Tgi {
-            return;
+        if self.sim.config.kind == super::config::SimKind::Tgi {
+            self.record_tgi(now);
         }
+    }
+
+    /// The scheduler did not see this request (speed 0): account for it here, as an engine
+    /// that took no time at all.
+    fn record_unscheduled(&self) {
+        let m = &self.sim.models[self.model.min(self.sim.models.len().saturating_sub(1))];
+        let s = &m.stats;
+        let p = &self.plan;
+        let (prompt, out) = (p.prompt_tokens(), p.completion_tokens());
+        s.prompt_tokens.fetch_add(u64::from(prompt), Relaxed);
+        s.prefix_queries.fetch_add(u64::from(prompt), Relaxed);
+        s.generation_tokens.fetch_add(u64::from(out), Relaxed);
+        s.first_token(0.0);
+        s.finished(&FinishObs {
+            prefill: Some(0.0),
+            prompt_tokens: prompt,
+            generated: out,
+            max_tokens: effective_max_tokens(&self.sim, p),
+            ..FinishObs::default()
+        });
+    }
+
+    /// TGI's per-request histograms, which its router records when the answer is complete.
+    fn record_tgi(&self, now: Instant) {
+        let c = &self.sim.counters;
+        let (queue, inference) = self.queue_inference(now);
+        let generated = self.plan.completion_tokens().max(1);
         c.tgi_duration
             .observe(now.saturating_duration_since(self.started).as_secs_f64());
-        c.tgi_input_length
-            .observe(f64::from(self.plan.prompt_tokens()));
+        c.tgi_queue.observe(queue.as_secs_f64());
+        c.tgi_inference.observe(inference.as_secs_f64());
+        c.tgi_time_per_token
+            .observe(inference.as_secs_f64() / f64::from(generated));
         c.tgi_generated_tokens
             .observe(f64::from(self.plan.completion_tokens()));
+    }
+
+    /// Queue time (arrival to admission) and inference time (admission to `end`), on the
+    /// scheduler's clock where there is one.
+    fn queue_inference(&self, end: Instant) -> (Duration, Duration) {
+        match &self.times {
+            Some(t) => (
+                t.admitted.saturating_duration_since(t.enqueued),
+                end.saturating_duration_since(t.admitted),
+            ),
+            None => (Duration::ZERO, end.saturating_duration_since(self.started)),
+        }
     }
 
     /// The next range of newly generated words, or `None` when the answer is complete.
@@ -137,6 +184,9 @@ impl Gen {
             match rx.recv().await {
                 Some(p) => {
                     self.cached = p.cached;
+                    if p.times.is_some() {
+                        self.times = p.times;
+                    }
                     let upto = (p.generated as usize).min(total);
                     if self.first_at.is_none() && (upto > 0 || p.done) {
                         self.first_at = Some(Instant::now());
@@ -170,13 +220,36 @@ impl Gen {
         self.record_end();
     }
 
-    /// Prefill duration (start → first token) and decode duration (first → last), in ns.
+    /// Total duration (start → end), prompt evaluation (the step that admitted the request,
+    /// admission → first token) and generation (first → last token), in ns: the scheduler's
+    /// instants where there is a scheduler, the handler's otherwise.
     pub(crate) fn durations_ns(&self) -> (u64, u64, u64) {
         let end = self.done_at.unwrap_or_else(Instant::now);
+        let ns = |a: Instant, b: Instant| b.saturating_duration_since(a).as_nanos() as u64;
+        let total = ns(self.started, end);
+        if let Some(t) = &self.times {
+            let first = t.first_token.unwrap_or(t.last_token);
+            return (total, ns(t.admitted, first), ns(first, t.last_token));
+        }
         let first = self.first_at.unwrap_or(end);
-        let total = end.saturating_duration_since(self.started).as_nanos() as u64;
-        let prefill = first.saturating_duration_since(self.started).as_nanos() as u64;
-        let decode = end.saturating_duration_since(first).as_nanos() as u64;
-        (total, prefill, decode)
+        (total, ns(self.started, first), ns(first, end))
     }
+
+    /// Queue and inference durations in ns, as TGI's router reports them (`x-queue-time`,
+    /// `x-inference-time`).
+    pub(crate) fn queue_inference_ns(&self) -> (u64, u64) {
+        let end = self.done_at.unwrap_or_else(Instant::now);
+        let (q, i) = self.queue_inference(end);
+        (q.as_nanos() as u64, i.as_nanos() as u64)
+    }
+}
+
+/// The `max_tokens` an engine applies to `plan`: the one asked for, else what the context
+/// leaves after the prompt.
+fn effective_max_tokens(sim: &Sim, plan: &Plan) -> u32 {
+    plan.max_tokens.unwrap_or_else(|| {
+        sim.config
+            .max_model_len
+            .saturating_sub(plan.prompt_tokens())
+    })
 }

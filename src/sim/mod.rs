@@ -80,6 +80,21 @@
 //! running sequence (Ollama 20 ms), 16-token prefix-cache blocks, natural answers of 16–128
 //! tokens. `--speed F` divides every duration by F; `--speed 0` bypasses the scheduler.
 //!
+//! # Engine metrics
+//! What each engine reports about its own timing is measured on the scheduler's clock (see
+//! `metrics::observe` for when each series is observed):
+//! - vLLM `/metrics`: per step `iteration_tokens_total`, `inter_token_latency_seconds`,
+//!   `time_to_first_token_seconds`, `prompt_tokens_total`, `prompt_tokens_by_source_total`,
+//!   `prompt_tokens_cached_total`, `generation_tokens_total`; per finished request the queue,
+//!   prefill (its admission step), decode, inference and e2e times, time per output token, and
+//!   the prompt, generation, KV-computed, `max_tokens` and `n` histograms.
+//! - TGI `/metrics`: `tgi_batch_forward_duration{method}` per forward pass (a step that admits
+//!   requests is a prefill forward for them, its share of the step by the timing model, plus a
+//!   decode forward for the requests already running), `tgi_batch_next_size`, and per request
+//!   the queue, inference, mean-time-per-token, input-length and generated-token histograms.
+//! - Ollama's final `/api/chat` and `/api/generate` object: `prompt_eval_duration` is the
+//!   admission step, `eval_duration` the steps from the first to the last token.
+//!
 //! # Simplifications (known differences from the real engines)
 //! - No preemption: a request reserves `prompt + max output` KV tokens when admitted, so
 //!   `vllm:num_preemptions_total` stays 0; requests wait instead.
@@ -89,6 +104,11 @@
 //!   the last generated token carries the finish reason (no separate EOS token, so TGI's
 //!   `finish_reason` is `length` or `eos_token`, never `stop_sequence`).
 //! - `error_rate` answers before the first byte (an HTTP 5xx), never inside a stream.
+//! - Engine metrics: a request's whole prompt is prefilled in its admission step (no chunked
+//!   prefill), so TGI 3's chunking (newcomers prefilled together with the running batch) is
+//!   not imitated; aborted requests are not in vLLM's per-request histograms; vLLM's FLOPs
+//!   estimates, multi-modal and external caches, sleep state and admission rejections are not
+//!   exposed; TGI's `/metrics` has no `# HELP` lines.
 //! - Not simulated: API keys, vLLM `/load`, `/pooling`, `/generative_scoring`, harmony models
 //!   (reasoning items) and tool calls in Responses or Messages output (tools are accepted and
 //!   answered with text; they do not count in the prompt), `GET /v1/responses/{id}?stream=true`

@@ -112,7 +112,11 @@ impl Sim {
         let models = names
             .into_iter()
             .map(|name| {
-                let stats = Arc::new(ModelStats::new(config.timing.kv_capacity_tokens));
+                let stats = Arc::new(ModelStats::new(
+                    config.kind,
+                    config.timing.kv_capacity_tokens,
+                    config.max_model_len,
+                ));
                 let engine = (config.speed > 0.0).then(|| {
                     Engine::start(
                         config.timing.clone(),
@@ -141,7 +145,7 @@ impl Sim {
         Sim {
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             fault,
-            counters: Counters::new(),
+            counters: Counters::new(config.max_input_tokens, config.max_model_len),
             models,
             started_unix: now,
             responses: Default::default(),

@@ -298,6 +298,8 @@ pub(crate) struct Plan {
     /// Prompt token ids (empty when the caller did not need them: speed 0, no scheduler).
     pub prompt_ids: Vec<u32>,
     pub prompt_len: u32,
+    /// The `max_tokens` the answer was planned under (`None`: no cap was given).
+    pub max_tokens: Option<u32>,
 }
 
 impl Plan {
@@ -371,6 +373,7 @@ impl Plan {
                 finish,
                 prompt_ids,
                 prompt_len,
+                max_tokens,
             });
         }
         None
@@ -417,6 +420,7 @@ impl Plan {
             finish,
             prompt_ids,
             prompt_len,
+            max_tokens,
         }
     }
 

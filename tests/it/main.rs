@@ -45,6 +45,7 @@ mod routing_load_aware;
 mod routing_tokenize;
 mod server_threads;
 mod sim_config;
+mod sim_engine_metrics;
 mod sim_faults;
 mod sim_ollama;
 mod sim_python_oracles;
