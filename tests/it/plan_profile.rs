@@ -145,9 +145,11 @@ async fn a_live_profile_carries_the_engines_timing_and_becomes_a_plannable_engin
     let (t, fit) = sluice::plan::profile::measured(&text, &both).expect("a plannable profile");
     assert_eq!(fit.source, "engine metrics");
     assert_eq!(fit.backends, both);
-    assert_eq!(
-        t.max_num_seqs, 8,
-        "slots learned or the kind's default: {text}"
+    // slots are learned from a full batch with requests waiting; until then the kind's default
+    assert!(
+        [8, 256].contains(&t.max_num_seqs),
+        "slots {}",
+        t.max_num_seqs
     );
     // a loose check here (the suite shares the cores); the accuracy test below is strict
     let step = (t.decode_base + t.decode_per_seq).as_secs_f64();
