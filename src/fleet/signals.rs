@@ -66,6 +66,9 @@ pub struct Signals {
     /// TGI: the KV token budget learned from observation, the most `batch_max_tokens` seen
     /// while requests waited (a lower bound of the real budget that only grows).
     pub learned_kv_tokens: Option<u64>,
+    /// vLLM: the KV cache's size in tokens as the engine reports it
+    /// (`vllm:cache_config_info{kv_cache_size_tokens}`; the smallest engine's).
+    pub kv_capacity_tokens: Option<u64>,
     /// Ollama `/api/ps`: the names of the loaded models (`None`: unknown).
     pub loaded: Option<Vec<String>>,
     /// vLLM prefix cache counters (tokens), summed over models.
@@ -109,6 +112,7 @@ fn vllm_signals(samples: &[prom::Sample]) -> Signals {
     let mut kv_old: HashMap<String, (f64, u32)> = HashMap::new();
     let mut queries = None::<f64>;
     let mut hits = None::<f64>;
+    let mut kv_capacity = None::<u64>;
     for s in samples.iter().filter(|s| s.value.is_finite()) {
         let model = s.label("model_name").unwrap_or("").to_string();
         match s.name.as_str() {
@@ -122,6 +126,14 @@ fn vllm_signals(samples: &[prom::Sample]) -> Signals {
             }
             "vllm:prefix_cache_hits_total" | "vllm:prefix_cache_hits" => {
                 *hits.get_or_insert(0.0) += s.value
+            }
+            "vllm:cache_config_info" => {
+                let size = s
+                    .label("kv_cache_size_tokens")
+                    .and_then(|v| v.parse::<u64>().ok());
+                if let Some(size) = size.filter(|n| *n > 0) {
+                    kv_capacity = Some(kv_capacity.map_or(size, |k| k.min(size)));
+                }
             }
             _ => {}
         }
@@ -148,6 +160,7 @@ fn vllm_signals(samples: &[prom::Sample]) -> Signals {
         per_model,
         prefix_queries: queries,
         prefix_hits: hits,
+        kv_capacity_tokens: kv_capacity,
         ..Signals::default()
     }
 }
@@ -242,6 +255,7 @@ pub(crate) fn merge(prev: &Signals, mut next: Signals) -> Signals {
     }
     next.learned_slots = prev.learned_slots;
     next.learned_kv_tokens = prev.learned_kv_tokens;
+    next.kv_capacity_tokens = next.kv_capacity_tokens.or(prev.kv_capacity_tokens);
     let Some(mut t) = next.total else {
         return next;
     };
@@ -407,8 +421,14 @@ mod tests {
         assert_eq!((l.running, l.waiting), (4.0, 12.0));
         assert!((l.kv_usage.unwrap() - 0.2667).abs() < 1e-3);
         assert_eq!(s.prefix_queries, Some(428.0));
+        assert_eq!(
+            s.kv_capacity_tokens,
+            Some(2048),
+            "cache_config_info's kv_cache_size_tokens"
+        );
         let merged = merge(&Signals::default(), s);
         assert_eq!(merged.learned_slots, Some(4));
+        assert_eq!(merged.kv_capacity_tokens, Some(2048));
     }
 
     #[test]

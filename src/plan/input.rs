@@ -201,6 +201,8 @@ pub enum ServerSource {
     Measured {
         profile: PathBuf,
         backends: Vec<String>,
+        /// Batch slots, overriding what the profile knows.
+        max_num_seqs: Option<usize>,
     },
     /// The engine timing itself (the simulator's model).
     Timing(Timing),
@@ -506,9 +508,13 @@ fn candidate(c: &CandidateDoc, base: &Path, have_model: bool) -> Result<Candidat
                 "a measured server names the profile's backend (or a list of backends to merge)",
             ));
         }
+        if c.max_num_seqs == Some(0) {
+            return Err(invalid(&at("max_num_seqs"), "must be above zero"));
+        }
         ServerSource::Measured {
             profile: base.join(p),
             backends,
+            max_num_seqs: c.max_num_seqs,
         }
     } else {
         let t = c

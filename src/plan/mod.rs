@@ -139,12 +139,18 @@ pub fn engine(
     input: &PlanInput,
     reqs: &[fleet::Request],
 ) -> Result<(Result<EngineInfo, String>, Option<profile::FitSummary>), PlanError> {
-    if let ServerSource::Measured { profile, backends } = &c.source {
+    if let ServerSource::Measured {
+        profile,
+        backends,
+        max_num_seqs,
+    } = &c.source
+    {
         let text = std::fs::read_to_string(profile).map_err(|source| PlanError::Read {
             path: profile.display().to_string(),
             source,
         })?;
-        let (timing, fit) = profile::measured(&text, backends).map_err(PlanError::Profile)?;
+        let (timing, fit) =
+            profile::measured(&text, backends, *max_num_seqs).map_err(PlanError::Profile)?;
         let info = EngineInfo {
             timing,
             per_server: 1,

@@ -31,6 +31,9 @@ pub struct BackendProfile {
     pub kind: Option<String>,
     /// Batch slots (learned, configured or the kind's default).
     pub slots: u64,
+    /// Where `slots` comes from (`learned`, `configured`, `announced`, `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots_source: Option<String>,
     /// KV capacity in tokens, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_capacity_tokens: Option<u64>,
@@ -154,8 +157,12 @@ fn least_squares(points: &[(f64, f64)]) -> (f64, f64) {
 const DIFFERS: f64 = 0.15;
 
 /// Parse a profile and make one engine timing of `backends` (one, or several of one kind to
-/// merge), with its summary.
-pub fn measured(text: &str, backends: &[String]) -> Result<(Timing, FitSummary), String> {
+/// merge), with its summary; `max_num_seqs` overrides the batch slots the profile knows.
+pub fn measured(
+    text: &str,
+    backends: &[String],
+    max_num_seqs: Option<usize>,
+) -> Result<(Timing, FitSummary), String> {
     let p: Profile = serde_json::from_str(text).map_err(|e| format!("not a profile: {e}"))?;
     let known: Vec<&str> = p.backends.iter().map(|b| b.name.as_str()).collect();
     let chosen = backends
@@ -191,8 +198,19 @@ pub fn measured(text: &str, backends: &[String]) -> Result<(Timing, FitSummary),
                 .join(", ")
         ));
     }
+    let unknown = chosen
+        .iter()
+        .all(|b| b.slots_source.as_deref() == Some("default"));
+    if unknown && max_num_seqs.is_none() {
+        warnings.push(format!(
+            "the engines' batch limit was never observed (no full batch with requests waiting): \
+             the plan assumes the kind's default of {} slots; set `max_num_seqs` on the candidate",
+            slots.iter().copied().min().unwrap_or(1)
+        ));
+    }
+    let fewest = slots.iter().copied().min().unwrap_or(1);
     let limits = BackendProfile {
-        slots: slots.iter().copied().min().unwrap_or(1),
+        slots: max_num_seqs.map_or(fewest, |n| n as u64),
         kv_capacity_tokens: chosen.iter().filter_map(|b| b.kv_capacity_tokens).min(),
         ..(*first).clone()
     }
@@ -375,6 +393,7 @@ mod tests {
             name: name.into(),
             kind: Some(kind.into()),
             slots: 8,
+            slots_source: Some("learned".into()),
             kv_capacity_tokens: Some(50_000),
             prefill_tokens_per_second: None,
             decode: Vec::new(),
@@ -396,7 +415,7 @@ mod tests {
             backend("a", "vllm", windows(0.015, 0.001, 0.0001)),
             backend("b", "vllm", windows(0.015, 0.001, 0.0001)),
         ]);
-        let (t, s) = measured(&text, &names(&["a", "b"])).expect("fits");
+        let (t, s) = measured(&text, &names(&["a", "b"]), None).expect("fits");
         assert!((t.prefill_per_token.as_secs_f64() - 0.0001).abs() < 1e-9);
         assert!((t.decode_base.as_secs_f64() - 0.015).abs() < 1e-7);
         assert!((t.decode_per_seq.as_secs_f64() - 0.001).abs() < 1e-8);
@@ -415,7 +434,7 @@ mod tests {
             backend("b", "vllm", windows(0.015, 0.001, 0.0001)),
             backend("slow", "vllm", windows(0.015, 0.001, 0.0004)),
         ]);
-        let (_, s) = measured(&text, &names(&["a", "b", "slow"])).expect("fits");
+        let (_, s) = measured(&text, &names(&["a", "b", "slow"]), None).expect("fits");
         assert!(
             s.warnings
                 .iter()
@@ -436,9 +455,9 @@ mod tests {
             backend("a", "vllm", windows(0.015, 0.001, 0.0001)),
             backend("t", "tgi", windows(0.015, 0.001, 0.0001)),
         ]);
-        let err = measured(&text, &names(&["a", "t"])).expect_err("two kinds");
+        let err = measured(&text, &names(&["a", "t"]), None).expect_err("two kinds");
         assert!(err.contains("different kinds"), "{err}");
-        let err = measured(&text, &names(&["x"])).expect_err("absent");
+        let err = measured(&text, &names(&["x"]), None).expect_err("absent");
         assert!(err.contains("it has: a, t"), "{err}");
     }
 
@@ -458,7 +477,7 @@ mod tests {
             engine: None,
             ..backend("gpu-a", "ollama", Vec::new())
         };
-        let (t, s) = measured(&doc(vec![b]), &names(&["gpu-a"])).expect("valid");
+        let (t, s) = measured(&doc(vec![b]), &names(&["gpu-a"]), None).expect("valid");
         assert!((t.decode_base.as_secs_f64() - 0.015).abs() < 1e-6);
         assert!((t.decode_per_seq.as_secs_f64() - 0.00015).abs() < 1e-7);
         assert_eq!(t.prefill_per_token, Duration::from_micros(100));
@@ -471,14 +490,34 @@ mod tests {
     fn a_backend_with_nothing_measured_is_an_error() {
         let text =
             r#"{"backends":[{"name":"a","slots":8,"prefill_tokens_per_second":100,"decode":[]}]}"#;
-        let err = measured(text, &names(&["a"])).expect_err("no decode");
+        let err = measured(text, &names(&["a"]), None).expect_err("no decode");
         assert!(err.contains("no decode"), "{err}");
         let text = doc(vec![backend(
             "a",
             "vllm",
             windows(0.015, 0.001, 0.0001)[..3].to_vec(),
         )]);
-        let err = measured(&text, &names(&["a"])).expect_err("three windows");
+        let err = measured(&text, &names(&["a"]), None).expect_err("three windows");
         assert!(err.contains("too few"), "{err}");
+    }
+
+    #[test]
+    fn an_unobserved_batch_limit_is_said_and_can_be_set() {
+        let b = BackendProfile {
+            slots: 256,
+            slots_source: Some("default".into()),
+            ..backend("a", "vllm", windows(0.015, 0.001, 0.0001))
+        };
+        let text = doc(vec![b]);
+        let (t, s) = measured(&text, &names(&["a"]), None).expect("fits");
+        assert_eq!(t.max_num_seqs, 256);
+        assert!(
+            s.warnings.iter().any(|w| w.contains("never observed")),
+            "{:?}",
+            s.warnings
+        );
+        let (t, s) = measured(&text, &names(&["a"]), Some(16)).expect("fits");
+        assert_eq!(t.max_num_seqs, 16);
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
     }
 }

@@ -136,6 +136,21 @@ pub fn slots(b: &Backend) -> f64 {
     default_slots(b.kind())
 }
 
+/// Where [`slots`] comes from: `learned` (a full batch was seen), `configured`
+/// (`max_concurrent`), `announced` (TGI's `/info`) or `default` (the kind's, nothing known).
+pub fn slots_source(b: &Backend) -> &'static str {
+    let sig = b.state.signals();
+    if sig.learned_slots.is_some() {
+        "learned"
+    } else if b.cap().is_some() {
+        "configured"
+    } else if sig.max_concurrent.is_some() {
+        "announced"
+    } else {
+        "default"
+    }
+}
+
 /// Expected seconds to finish `req` on `b` (serving it as `model`).
 pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakdown {
     let st = &b.state;
@@ -261,7 +276,8 @@ pub fn profile_view(b: &Backend) -> Option<serde_json::Value> {
         "name": b.name(),
         "kind": b.kind().as_str(),
         "slots": slots(b).round() as u64,
-        "kv_capacity_tokens": sig.learned_kv_tokens,
+        "slots_source": slots_source(b),
+        "kv_capacity_tokens": sig.kv_capacity_tokens.or(sig.learned_kv_tokens),
         "samples": sp.samples.load(Ordering::Relaxed),
     });
     if let (Some(prefill), Some(decode)) = (prefill, decode) {

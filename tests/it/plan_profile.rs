@@ -142,7 +142,8 @@ async fn a_live_profile_carries_the_engines_timing_and_becomes_a_plannable_engin
     let v: serde_json::Value = serde_json::from_str(&text).expect("json");
     assert_eq!(v["backends"][0]["kind"], "vllm");
     let both = ["gpu-a".to_string(), "gpu-b".to_string()];
-    let (t, fit) = sluice::plan::profile::measured(&text, &both).expect("a plannable profile");
+    let (t, fit) =
+        sluice::plan::profile::measured(&text, &both, None).expect("a plannable profile");
     assert_eq!(fit.source, "engine metrics");
     assert_eq!(fit.backends, both);
     // slots are learned from a full batch with requests waiting; until then the kind's default
@@ -162,7 +163,7 @@ async fn a_live_profile_carries_the_engines_timing_and_becomes_a_plannable_engin
         (30e-6..300e-6).contains(&per_token),
         "prefill {per_token} s/token: {fit:?}"
     );
-    let err = sluice::plan::profile::measured(&text, &["gpu-c".into()]).expect_err("absent");
+    let err = sluice::plan::profile::measured(&text, &["gpu-c".into()], None).expect_err("absent");
     assert!(err.contains("it has: gpu-a, gpu-b"), "{err}");
     gw.stop().await;
 }
@@ -175,7 +176,8 @@ async fn plan_accuracy_the_engine_profile_recovers_the_simulated_timing() {
     let n = bursty(&gw, 40.0, 5.0, 5.0, 1.0).await;
     let text = profile_with_windows(&gw, 40).await;
     let both = ["gpu-a".to_string(), "gpu-b".to_string()];
-    let (_, fit) = sluice::plan::profile::measured(&text, &both).expect("a plannable profile");
+    let (_, fit) =
+        sluice::plan::profile::measured(&text, &both, None).expect("a plannable profile");
     let want = timing();
     for (name, truth) in [
         ("prefill_per_token", want.prefill_per_token),
