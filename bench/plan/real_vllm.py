@@ -702,9 +702,11 @@ def main():
                     ttft_hist[le] = ttft_hist.get(le, 0.0) + n - b[1].get(le, 0.0)
             s["engine_ttft_p50"] = hist_quantile(ttft_hist, 0.5)
             s["engine_ttft_p99"] = hist_quantile(ttft_hist, 0.99)
+            # (offset s, prompt, max_tokens, TTFT s, first SSE event s, backend, HTTP status)
             s["per_request"] = [(round(r["at"], 3), r["prompt"], r["max_tokens"],
                                  r["ttft"] and round(r["ttft"], 4),
-                                 r["first_event"] and round(r["first_event"], 4), r["backend"])
+                                 r["first_event"] and round(r["first_event"], 4), r["backend"],
+                                 r["status"])
                                 for r in res if r]
             phases[name] = s
             say(f"  measured TTFT p50 {s['p50'] * 1000:.0f} ms, p99 {s['p99'] * 1000:.0f} ms; "
@@ -786,6 +788,41 @@ def main():
                 for k, v in resid.items()}
             say(f"relative residuals (measured - fit) / measured: {result['relative_residuals']}")
         result["window_sample"] = sample
+        if m:
+            # the fit against each engine's own means over each whole phase (every step counts,
+            # stalls included), and the windows' step time by batch size
+            whole = {}
+            for ph, st in phases.items():
+                for e, w in st["engine_counters"].items():
+                    if not (w["steps"] and w["itl_count"] and w["prefill_count"]):
+                        continue
+                    b_, p_ = w["generated"] / w["steps"], w["prompt_computed"] / w["steps"]
+                    pt = w["prefill_tokens"] / w["prefill_count"]
+                    whole[f"{ph} {e}"] = {
+                        "batch": b_, "prompt_per_step": p_,
+                        "itl_ms": 1000 * w["itl_sum"] / w["itl_count"],
+                        "itl_fit_ms": 1000 * predict(m, [1, b_, p_]),
+                        "prefill_ms": 1000 * w["prefill_sum"] / w["prefill_count"],
+                        "prefill_tokens": pt, "prefill_fit_ms": 1000 * predict(m, [1, b_, pt])}
+                    say(f"{ph} {e}: mean batch {b_:.2f}, inter-token {whole[f'{ph} {e}']['itl_ms']:.2f} ms "
+                        f"(fit {whole[f'{ph} {e}']['itl_fit_ms']:.2f}), prefill "
+                        f"{whole[f'{ph} {e}']['prefill_ms']:.2f} ms for {pt:.0f} tokens "
+                        f"(fit {whole[f'{ph} {e}']['prefill_fit_ms']:.2f})")
+            result["phase_means_vs_fit"] = whole
+            by_batch = {}
+            for b in profile["backends"]:
+                bins = {}
+                for w in (b.get("engine") or {}).get("windows", []):
+                    if w["itl_count"] >= 5:
+                        bins.setdefault(round(w["generated"] / w["steps"]), []).append(
+                            1000 * w["itl_sum"] / w["itl_count"])
+                by_batch[b["name"]] = {k: {"windows": len(v), "median_ms": pct(v, 50),
+                                           "mean_ms": sum(v) / len(v), "p90_ms": pct(v, 90)}
+                                       for k, v in sorted(bins.items())}
+                say(f"{b['name']}: window inter-token ms by batch (windows, median, mean, p90): "
+                    + "; ".join(f"{k}: {v['windows']}, {v['median_ms']:.1f}, {v['mean_ms']:.1f}, "
+                                f"{v['p90_ms']:.1f}" for k, v in by_batch[b["name"]].items()))
+            result["itl_by_batch"] = by_batch
         for row in sample:
             say(f"  window {row}")
 
