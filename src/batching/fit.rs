@@ -27,6 +27,9 @@
 //! weighted residual scale; windows of one engine are not independent, so they are a floor on
 //! the true uncertainty, not a guarantee.
 //!
+//! The robust weights describe the *typical* step. The windows' total time over what the fit
+//! predicts for them ([`EngineFit::time_ratio`]) says how much time the atypical ones cost.
+//!
 //! Invariant: the fit never panics and never returns a non-finite value; too little or
 //! degenerate input is a [`FitError`].
 
@@ -72,6 +75,11 @@ pub struct EngineFit {
     pub prompt_range: (f64, f64),
     /// Windows that contributed.
     pub windows: u64,
+    /// The engine time the windows report over the time the fitted costs predict for them.
+    /// Above 1, some steps took far longer than the typical step the robust fit describes
+    /// (stalls: the fit treats them as outliers, but they are time the engine lost, so a plan
+    /// that needs the engine's throughput scales the costs by it).
+    pub time_ratio: f64,
 }
 
 /// Why no timing could be fitted.
@@ -147,6 +155,13 @@ pub fn fit(windows: &[Window]) -> Result<EngineFit, FitError> {
         value: theta[i],
         stderr: se[i],
     };
+    let observed: f64 = rows.iter().map(|r| r.w * r.y).sum();
+    let predicted: f64 = rows.iter().map(|r| r.w * dot(&r.x, &theta)).sum();
+    let time_ratio = if predicted > 0.0 && observed.is_finite() {
+        observed / predicted
+    } else {
+        1.0
+    };
     Ok(EngineFit {
         decode_base: est(0),
         decode_per_seq: est(1),
@@ -154,6 +169,7 @@ pub fn fit(windows: &[Window]) -> Result<EngineFit, FitError> {
         batch_range,
         prompt_range,
         windows: used as u64,
+        time_ratio,
     })
 }
 

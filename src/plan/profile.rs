@@ -78,6 +78,11 @@ pub struct FitSummary {
     pub prompt_range: (f64, f64),
     /// Measurement windows behind the fit.
     pub samples: u64,
+    /// The engine time measured over the time the fitted (typical) costs predict; the plan's
+    /// timing is the fitted costs scaled by it when above 1 (see
+    /// [`crate::batching::fit::EngineFit::time_ratio`]).
+    #[serde(default = "one")]
+    pub time_ratio: f64,
     /// Where the plan leaves the fitted ranges or the uncertainty moves a verdict.
     pub warnings: Vec<String>,
 }
@@ -92,6 +97,13 @@ pub struct FitParam {
     /// Standard error, seconds.
     pub stderr: f64,
 }
+
+fn one() -> f64 {
+    1.0
+}
+
+/// A time ratio above this is worth a sentence.
+const STALLS: f64 = 1.1;
 
 /// KV capacity assumed when the profile does not know it (the simulator's default).
 const DEFAULT_KV_TOKENS: u64 = 131_072;
@@ -244,10 +256,20 @@ pub fn measured(
     if with_engine.len() > 1 {
         warnings.extend(differences(&with_engine, &f));
     }
+    let k = f.time_ratio.max(1.0);
+    if f.time_ratio > STALLS {
+        warnings.push(format!(
+            "the engines' steps took {:.2}× the fitted typical step on average (some were far \
+             slower: stalls); the plan spreads that time over every step, so it gets the \
+             throughput right but not the bursts of queueing a stall causes",
+            f.time_ratio
+        ));
+    }
+    let secs = |e: fit::Estimate| Duration::from_secs_f64(e.value * k);
     let timing = Timing {
-        prefill_per_token: Duration::from_secs_f64(f.prefill_per_token.value),
-        decode_base: Duration::from_secs_f64(f.decode_base.value),
-        decode_per_seq: Duration::from_secs_f64(f.decode_per_seq.value),
+        prefill_per_token: secs(f.prefill_per_token),
+        decode_base: secs(f.decode_base),
+        decode_per_seq: secs(f.decode_per_seq),
         ..limits
     };
     let summary = FitSummary {
@@ -257,6 +279,7 @@ pub fn measured(
         batch_range: f.batch_range,
         prompt_range: f.prompt_range,
         samples: f.windows,
+        time_ratio: f.time_ratio,
         warnings,
     };
     Ok((timing, summary))
@@ -356,6 +379,7 @@ fn from_gateway(
         ),
         prompt_range: (0.0, 0.0),
         samples: 0,
+        time_ratio: 1.0,
         warnings,
     };
     Ok((timing, summary))
@@ -424,6 +448,7 @@ mod tests {
         assert_eq!(s.backends, names(&["a", "b"]));
         assert_eq!(s.batch_range, (1.0, 8.0));
         assert_eq!(s.prompt_range, (200.0, 2_900.0));
+        assert!((s.time_ratio - 1.0).abs() < 1e-9);
         assert!(s.warnings.is_empty(), "{:?}", s.warnings);
     }
 
@@ -519,5 +544,28 @@ mod tests {
         let (t, s) = measured(&text, &names(&["a"]), Some(16)).expect("fits");
         assert_eq!(t.max_num_seqs, 16);
         assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+    }
+
+    #[test]
+    fn stalls_scale_the_costs_to_the_engines_real_time_and_are_said() {
+        let mut w = windows(0.015, 0.001, 0.0001);
+        for x in w.iter_mut().step_by(5) {
+            x.itl_sum *= 8.0;
+        }
+        let (t, s) =
+            measured(&doc(vec![backend("a", "vllm", w)]), &names(&["a"]), None).expect("fits");
+        assert!(s.time_ratio > 1.5, "{}", s.time_ratio);
+        let typical = s
+            .params
+            .iter()
+            .find(|p| p.name == "decode_base")
+            .expect("base");
+        let scaled = t.decode_base.as_secs_f64() / typical.value;
+        assert!((scaled - s.time_ratio).abs() < 1e-6, "{scaled}");
+        assert!(
+            s.warnings.iter().any(|w| w.contains("stalls")),
+            "{:?}",
+            s.warnings
+        );
     }
 }

@@ -133,6 +133,7 @@ mod tests {
             batch_range: (1.0, 2.0),
             prompt_range: (100.0, 200.0),
             samples: 50,
+            time_ratio: 1.0,
             warnings: Vec::new(),
         }
     }

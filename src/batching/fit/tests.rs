@@ -189,11 +189,26 @@ fn outlier_windows_do_not_move_the_fit() {
     let timing = sim_timing();
     let mut windows = run(timing.clone(), &bursty(240.0, 3.0, 0.5, 4), 1.0);
     // a few windows where the engine stalled (a GC pause, a swap): ten times slower
+    let clean = fit(&windows).expect("fit");
+    assert!(
+        (clean.time_ratio - 1.0).abs() < 0.05,
+        "{}",
+        clean.time_ratio
+    );
     for w in windows.iter_mut().step_by(25) {
         w.itl_sum *= 10.0;
         w.prefill_sum *= 10.0;
     }
-    assert_recovers(&fit(&windows).expect("fit"), &timing, 0.10);
+    let f = fit(&windows).expect("fit");
+    assert_recovers(&f, &timing, 0.10);
+    // the stalls are time the engine lost: the ratio says how much
+    let total = |ws: &[Window]| ws.iter().map(|w| w.itl_sum + w.prefill_sum).sum::<f64>();
+    let lost = total(&windows) / total(&run(timing.clone(), &bursty(240.0, 3.0, 0.5, 4), 1.0));
+    assert!(
+        (f.time_ratio / lost - 1.0).abs() < 0.1,
+        "ratio {} for {lost}",
+        f.time_ratio
+    );
 }
 
 #[test]
