@@ -66,6 +66,9 @@ pub struct Signals {
     /// TGI: the KV token budget learned from observation, the most `batch_max_tokens` seen
     /// while requests waited (a lower bound of the real budget that only grows).
     pub learned_kv_tokens: Option<u64>,
+    /// Full-batch readings in a row that were below `learned_slots` (it drifts down only after
+    /// [`LOW_READINGS`] of them).
+    pub slots_low: u8,
     /// vLLM: the KV cache's size in tokens as the engine reports it
     /// (`vllm:cache_config_info{kv_cache_size_tokens}`; the smallest engine's).
     pub kv_capacity_tokens: Option<u64>,
@@ -247,6 +250,12 @@ pub fn parse_ollama_ps(body: &[u8]) -> Option<Vec<String>> {
     )
 }
 
+/// Full-batch readings below the learned batch limit, in a row, before it drifts down. A slot
+/// freed by a finished request is refilled only at the engine's next step, so one reading
+/// taken in between shows one sequence fewer running beside a queue; a real lower limit
+/// shows on every reading.
+pub const LOW_READINGS: u8 = 3;
+
 /// Carry learned facts from the previous snapshot into a new one.
 pub(crate) fn merge(prev: &Signals, mut next: Signals) -> Signals {
     if next.max_concurrent.is_none() {
@@ -260,9 +269,15 @@ pub(crate) fn merge(prev: &Signals, mut next: Signals) -> Signals {
         return next;
     };
     // Running while others wait = the batch is full: that many is the engine's limit now.
+    next.slots_low = prev.slots_low;
     if t.waiting >= 1.0 && t.running >= 1.0 {
         let seen = t.running as u64;
+        next.slots_low = match prev.learned_slots {
+            Some(s) if s > seen => prev.slots_low.saturating_add(1),
+            _ => 0,
+        };
         next.learned_slots = Some(match prev.learned_slots {
+            Some(s) if s > seen && next.slots_low < LOW_READINGS => s,
             Some(s) if s > seen => s - (s - seen).div_ceil(8), // drift down slowly
             _ => seen,
         });
@@ -486,9 +501,15 @@ mod tests {
             }),
             ..Signals::default()
         };
-        let m = merge(&prev, full);
+        let m = merge(&prev, full.clone());
         assert_eq!(m.max_concurrent, Some(10));
-        assert_eq!(m.learned_slots, Some(15));
+        assert_eq!(
+            m.learned_slots,
+            Some(16),
+            "one low reading is a slot between steps"
+        );
+        let m = merge(&merge(&m, full.clone()), full.clone());
+        assert_eq!(m.learned_slots, Some(15), "three in a row drift it down");
         let idle = Signals::default();
         assert_eq!(merge(&m, idle).learned_slots, Some(15));
     }
