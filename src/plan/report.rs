@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use super::roofline::load_times;
 use super::search::{secs, Stats};
+use super::selfcheck::{Checked, SelfCheck};
 use super::{CandidateReport, Report};
 
 fn engine_label(c: &CandidateReport) -> String {
@@ -132,6 +133,9 @@ pub fn json(r: &Report) -> String {
         },
         "cheapest": r.cheapest.map(|i| r.candidates[i].name.clone()),
         "candidates": candidates,
+        "self_check": r.self_check,
+        "self_check_flagged": r.self_check.as_ref().is_some_and(SelfCheck::flagged),
+        "self_check_missing": r.self_check_missing,
     });
     let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
     text.push('\n');
@@ -151,6 +155,7 @@ pub fn text(r: &Report) -> String {
         secs(r.slo.tpot_p99),
         secs(r.slo.max_queue_wait)
     );
+    self_check(r, &mut out);
     let head = [
         "candidate",
         "engine",
@@ -246,6 +251,85 @@ pub fn text(r: &Report) -> String {
         }
     }
     out
+}
+
+/// The self-check in words: what was replayed on what, then per checked candidate how far off
+/// the plan is and its four figures; a warning line when any is outside ±20%.
+fn self_check(r: &Report, out: &mut String) {
+    if let Some(why) = &r.self_check_missing {
+        let _ = writeln!(out, "self-check: none: {why}");
+    }
+    let Some(sc) = &r.self_check else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "self-check: the recorded traffic ({} requests) replayed on the recorded fleet ({} servers, {}); \
+         compared with the TTFT measured on {} requests and the TPOT on {}",
+        sc.requests,
+        sc.servers,
+        fleet_from(sc),
+        sc.ttft_compared,
+        sc.tpot_compared
+    );
+    for c in &sc.checked {
+        let _ = writeln!(out, "  {}", checked_line(c));
+    }
+    for c in sc.checked.iter().filter(|c| !c.flagged().is_empty()) {
+        let off: Vec<String> = c
+            .flagged()
+            .iter()
+            .map(|f| format!("{} ×{:.2}", f.figure, f.ratio))
+            .collect();
+        let _ = writeln!(
+            out,
+            "warning: the self-check of {} is outside ±20% ({}): the plan does not reproduce \
+             this fleet's past; trust its answer less",
+            c.candidate,
+            off.join(", ")
+        );
+    }
+}
+
+/// Where the self-check's fleet size comes from, in words.
+fn fleet_from(sc: &SelfCheck) -> &'static str {
+    match sc.servers_from {
+        super::selfcheck::FleetFrom::Trace => "the backends the trace names",
+        super::selfcheck::FleetFrom::PlanFile => "workload.recorded_servers",
+    }
+}
+
+/// One checked candidate: "off by ×F (figure)" and every figure planned / measured.
+fn checked_line(c: &Checked) -> String {
+    let Some(worst) = c.worst() else {
+        return format!(
+            "{}: nothing to compare: no request in the trace has a measured TTFT or TPOT \
+             (only streamed answers have them)",
+            c.candidate
+        );
+    };
+    let way = if worst.ratio >= 1.0 { "high" } else { "low" };
+    let figures: Vec<String> = c
+        .ratios
+        .iter()
+        .map(|f| {
+            format!(
+                "{} {} / {} (×{:.2})",
+                f.figure,
+                secs(f.planned),
+                secs(f.measured),
+                f.ratio
+            )
+        })
+        .collect();
+    format!(
+        "{}: on your own past traffic the plan is off by ×{:.2} at most ({}, planned {way})\n    \
+         planned / measured: {}",
+        c.candidate,
+        worst.factor(),
+        worst.figure,
+        figures.join(", ")
+    )
 }
 
 fn esc(s: &str) -> String {
@@ -473,6 +557,8 @@ mod tests {
                 power_watts: 0.0,
             }],
             cheapest: Some(0),
+            self_check: None,
+            self_check_missing: None,
         }
     }
 
@@ -548,5 +634,78 @@ mod tests {
             out.contains("p99 TTFT 900 ms (misses: p99 TPOT 1250 ms)"),
             "{out}"
         );
+    }
+
+    fn self_check(p99_ttft_measured: f64) -> crate::plan::selfcheck::SelfCheck {
+        use crate::plan::selfcheck::{Checked, Figures, FleetFrom, Ratio, SelfCheck};
+        let planned = Figures {
+            ttft_p50: 0.1,
+            ttft_p99: 0.5,
+            tpot_p50: 0.02,
+            tpot_p99: 0.03,
+        };
+        let measured = Figures {
+            ttft_p99: p99_ttft_measured,
+            ..planned
+        };
+        let ratios = [
+            ("p50 TTFT", 0.1, 0.1),
+            ("p99 TTFT", 0.5, p99_ttft_measured),
+            ("p50 TPOT", 0.02, 0.02),
+            ("p99 TPOT", 0.03, 0.03),
+        ]
+        .map(|(figure, planned, measured)| Ratio {
+            figure,
+            planned,
+            measured,
+            ratio: planned / measured,
+        })
+        .to_vec();
+        SelfCheck {
+            requests: 1063,
+            servers: 3,
+            servers_from: FleetFrom::Trace,
+            ttft_compared: 1000,
+            tpot_compared: 990,
+            measured,
+            checked: vec![Checked {
+                candidate: "sim".into(),
+                planned,
+                ratios,
+            }],
+        }
+    }
+
+    #[test]
+    fn the_self_check_comes_before_the_recommendations_and_warns_outside_twenty_percent() {
+        let mut r = report();
+        r.self_check = Some(self_check(0.467));
+        let out = text(&r);
+        let at = |s: &str| out.find(s).unwrap_or_else(|| panic!("no `{s}` in\n{out}"));
+        assert!(at("self-check: the recorded traffic (1063 requests)") < at("candidate  "));
+        assert!(
+            out.contains(
+                "sim: on your own past traffic the plan is off by ×1.07 at most (p99 TTFT, \
+                 planned high)"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("p99 TTFT 500 ms / 467 ms (×1.07)"), "{out}");
+        assert!(!out.contains("warning:"), "{out}");
+        assert!(json(&r).contains("\"self_check_flagged\": false"));
+        r.self_check = Some(self_check(0.4));
+        let out = text(&r);
+        assert!(
+            out.contains("warning: the self-check of sim is outside ±20% (p99 TTFT ×1.25)"),
+            "{out}"
+        );
+        assert!(json(&r).contains("\"self_check_flagged\": true"));
+    }
+
+    #[test]
+    fn a_recorded_workload_without_a_fleet_size_says_why_it_has_no_self_check() {
+        let mut r = report();
+        r.self_check_missing = Some(crate::plan::selfcheck::NoSelfCheck::NoFleetSize.to_string());
+        assert!(text(&r).contains("self-check: none: the trace names no backends"));
     }
 }
