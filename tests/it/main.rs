@@ -39,6 +39,7 @@ mod plan_accuracy;
 mod plan_cli;
 mod plan_inputs;
 mod plan_profile;
+mod plan_report;
 mod plan_selfcheck;
 mod plan_trace;
 mod redis_shared;
