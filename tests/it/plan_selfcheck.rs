@@ -3,6 +3,7 @@
 //! backend that answered); `sluice plan` on that trace replays it on the two recorded engines
 //! and compares its p50/p99 TTFT and TPOT with the measured ones, before its recommendations.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
@@ -93,10 +94,10 @@ fn ratio(sc: &SelfCheck, candidate: &str, figure: &str) -> f64 {
         .map_or(f64::NAN, |r| r.ratio)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_plan_checks_itself_against_the_recorded_past() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let trace = dir.path().join("trace.jsonl");
+/// Record the traffic through a gateway with `[trace]` in front of two simulators; the trace's
+/// text, with the gateway's profile written beside it in `dir`.
+async fn record(dir: &Path) -> String {
+    let trace = dir.join("trace.jsonl");
     let mut toml = format!(
         "[trace]\npath = {:?}\n[routing]\npolicy = \"token-aware\"\n{STEADY_HEALTH}",
         trace.to_str().expect("utf-8")
@@ -122,9 +123,33 @@ async fn the_plan_checks_itself_against_the_recorded_past() {
     })
     .await;
     let profile: serde_json::Value = get_json(&client(), gw.admin_url("/admin/profile")).await;
-    std::fs::write(dir.path().join("profile.json"), profile.to_string()).expect("write");
+    std::fs::write(dir.join("profile.json"), profile.to_string()).expect("write");
     gw.stop().await;
+    text
+}
 
+/// The plan `plan` of the trace in `dir`: its self-check and its text.
+fn plan(dir: &Path, plan: &str) -> (SelfCheck, String) {
+    let path = dir.join("plan.toml");
+    std::fs::write(&path, plan).expect("write");
+    let input = sluice::plan::input::load(&path).expect("valid plan");
+    let report = sluice::plan::plan(&input, &|_, _, _| {}).expect("planned");
+    let out = sluice::plan::report::text(&report);
+    eprintln!("{out}");
+    (report.self_check.expect("a self-check"), out)
+}
+
+/// The plan file with the simulators' own timing only (the first candidate is then checked).
+fn exact_only() -> &'static str {
+    PLAN.split("[[candidate]]\nname = \"like-s0\"")
+        .next()
+        .unwrap_or(PLAN)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plan_checks_itself_against_the_recorded_past() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let text = record(dir.path()).await;
     let lines: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
@@ -136,46 +161,56 @@ async fn the_plan_checks_itself_against_the_recorded_past() {
         .iter()
         .all(|l| l["backend"] == "s0" || l["backend"] == "s1"));
 
-    let plan = dir.path().join("plan.toml");
-    std::fs::write(&plan, PLAN).expect("write");
-    let input = sluice::plan::input::load(&plan).expect("valid plan");
-    let report = sluice::plan::plan(&input, &|_, _, _| {}).expect("planned");
-    let out = sluice::plan::report::text(&report);
-    let sc = report.self_check.as_ref().expect("a self-check");
+    let (sc, out) = plan(dir.path(), PLAN);
     assert_eq!((sc.servers, sc.servers_from), (2, FleetFrom::Trace));
     assert_eq!((sc.requests, sc.ttft_compared), (40, 36));
     assert!(sc.tpot_compared >= 30, "{}", sc.tpot_compared);
     let names: Vec<&str> = sc.checked.iter().map(|c| c.candidate.as_str()).collect();
     assert_eq!(names, ["like-s0"], "the measured candidate is checked");
-    sane(sc, "like-s0", &out);
+    compared(&sc, "like-s0", &out);
     let at = |s: &str| out.find(s).unwrap_or_else(|| panic!("no `{s}` in\n{out}"));
     assert!(at("self-check: the recorded traffic (40 requests)") < at("candidate  "));
     assert!(out.contains("like-s0: on your own past traffic the plan is off by ×"));
+    assert_eq!(
+        out.contains("\nwarning: the self-check"),
+        sc.flagged(),
+        "{out}"
+    );
 
-    // without a measured candidate the first is checked: the simulators' own timing
-    let exact = PLAN
-        .split("[[candidate]]\nname = \"like-s0\"")
-        .next()
-        .unwrap_or(PLAN);
-    std::fs::write(&plan, exact).expect("write");
-    let input = sluice::plan::input::load(&plan).expect("valid plan");
-    let report = sluice::plan::plan(&input, &|_, _, _| {}).expect("planned");
-    let sc = report.self_check.as_ref().expect("a self-check");
-    sane(sc, "exact", &sluice::plan::report::text(&report));
+    let (sc, out) = plan(dir.path(), exact_only());
+    assert_eq!(
+        sc.checked[0].candidate, "exact",
+        "no measured candidate: the first"
+    );
+    compared(&sc, "exact", &out);
 }
 
-/// The four ratios are there; the medians within a factor of two. The measured side is wall
-/// time on a machine running other tests, and the p99 of 36 requests is their slowest: one
-/// stall of the test machine moves it (it read ×0.15 once, at a measured 1.2 s), so the p99s
-/// are only required to be compared.
-fn sane(sc: &SelfCheck, candidate: &str, out: &str) {
-    eprintln!("{out}");
-    for figure in ["p50 TTFT", "p50 TPOT"] {
-        let r = ratio(sc, candidate, figure);
-        assert!((0.5..=2.0).contains(&r), "{figure}: ×{r:.2}\n{out}");
-    }
-    for figure in ["p99 TTFT", "p99 TPOT"] {
+/// All four figures were compared, each ratio a number above zero. How close they are is
+/// wall time against virtual time: the timing comparison below, run alone.
+fn compared(sc: &SelfCheck, candidate: &str, out: &str) {
+    for figure in ["p50 TTFT", "p99 TTFT", "p50 TPOT", "p99 TPOT"] {
         let r = ratio(sc, candidate, figure);
         assert!(r.is_finite() && r > 0.0, "{figure}: ×{r:.2}\n{out}");
+    }
+}
+
+/// On a quiet machine the simulators' own timing reproduces their recorded past: the medians
+/// within ±35%, the p99s (of 36 requests: the slowest) within a factor of two. A timing
+/// comparison: in the suite, other tests stretch the simulators' wall time (a full run read a
+/// measured p50 TPOT of 43 ms for a 17 ms step), so it runs alone, as CI does after the suite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a timing comparison: run alone (CI runs it after the suite)"]
+async fn on_a_quiet_machine_the_self_check_of_the_simulators_timing_is_close() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    record(dir.path()).await;
+    let (sc, out) = plan(dir.path(), exact_only());
+    for (figure, lo, hi) in [
+        ("p50 TTFT", 0.65, 1.35),
+        ("p50 TPOT", 0.65, 1.35),
+        ("p99 TTFT", 0.5, 2.0),
+        ("p99 TPOT", 0.5, 2.0),
+    ] {
+        let r = ratio(&sc, "exact", figure);
+        assert!((lo..=hi).contains(&r), "{figure}: ×{r:.2}\n{out}");
     }
 }

@@ -5,12 +5,13 @@
 //! The report's charts are drawn by `plotters` (widely used, MIT-licensed, maintained) with
 //! its SVG backend alone: default features off, so no bitmap backend, no image codecs and no
 //! font loading — it writes text as SVG `<text>` elements (sized by its built-in estimate),
-//! which the browser sets in its own sans-serif. Axes, ticks, log scales and legends come from
-//! it rather than from hand-placed SVG.
+//! which the browser sets in its own sans-serif. Axes, ticks, log scales and dashed lines come
+//! from it rather than from hand-placed SVG; each chart's key is HTML under it.
 //!
-//! - [`text`](mod@text): the plain-text answer.
-//! - [`json`](mod@json): the JSON answer.
-//! - [`html`](mod@html): the page; [`charts`] its SVG charts.
+//! - `text`: the plain-text answer.
+//! - `json`: the JSON answer.
+//! - `html`: the page; `charts` its SVG charts.
+//! - `fixtures` (tests): hand-made reports.
 
 mod charts;
 mod html;
