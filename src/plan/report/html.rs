@@ -338,8 +338,9 @@ fn engine_text(c: &CandidateReport) -> String {
     let t = &e.timing;
     let mut out = match e.tp {
         Some(tp) => format!(
-            "tensor parallel {tp}, {} engines per server; ",
-            e.per_server
+            "tensor parallel {tp}, {} engine{} per server; ",
+            e.per_server,
+            if e.per_server == 1 { "" } else { "s" }
         ),
         None => String::new(),
     };
