@@ -32,8 +32,8 @@ warning naming the backends that differ from the merged fit.
 Where the plan's JSON carries no fit summary (standard errors, warnings), the fit table shows
 the costs the plan used (its engine) and each backend's own fit as the gateway exported it
 (`engine.fit`, with standard errors), and the differing backends are named here by the
-planner's rule, marked "[reality.py]". The profile knows no KV capacity of these engines, so a
-measured candidate plans with the planner's default (the table shows it).
+planner's rule, marked "[reality.py]". A backend's time ratio is its windows' engine time over
+what its fit predicts (above 1: stalled steps, which the planner adds back to the costs).
 
 The same requests on both sides: this script generates each workload (seeded) as a list of
 chat requests with exact token counts (the simulator's documented tokenizer and chat template,
@@ -596,6 +596,7 @@ def fit_summary(cand, profile, backends):
             "slots": cand["engine"]["max_num_seqs"],
             "kv_capacity_tokens": cand["engine"]["kv_capacity_tokens"],
             "windows": fit.get("samples") if fit else None,
+            "time_ratio": fit.get("time_ratio") if fit else None,
             "warnings": fit.get("warnings", []) if fit else [],
             "source": "plan" if fit else
             "the plan's engine; standard errors from each backend's own fit (engine.fit): "
@@ -616,6 +617,7 @@ def backend_fits(profile, backends):
             continue
         out[b["name"]] = {"windows": fit["windows"], "batch_range": fit["batch_range"],
                           "prompt_range": fit["prompt_range"],
+                          "time_ratio": fit.get("time_ratio"),
                           **{name: dict(fit[name], ratio=fit[name]["value"] / configured)
                              for name, _, configured in COSTS}}
     return out
@@ -839,24 +841,26 @@ def print_fits(profiles):
     configured; a slower simulator's are SLOWER times the configured), then the plan's
     warnings."""
     print("| workload | fit | backends | windows | prefill_per_token us | decode_base ms | "
-          "decode_per_seq ms | slots / KV tokens |")
-    print("|---|---|---|---|---|---|---|---|")
+          "decode_per_seq ms | time ratio | slots / KV tokens |")
+    print("|---|---|---|---|---|---|---|---|---|")
     notes = []
     for name, rec in profiles.items():
         for label, fit in (rec.get("fits") or {}).items():
             costs = [cost_cell(p["value"], p["stderr"], p["ratio"], scale)
                      for (_, p), scale in zip(fit["params"].items(), (1e6, 1e3, 1e3))]
             print(f"| {name} | plan `{label}` | {len(fit['backends'])} | {fit['windows'] or '-'} | "
-                  + " | ".join(costs) + f" | {fit['slots']} / {fit['kv_capacity_tokens']} |")
+                  + " | ".join(costs) + f" | {times(fit.get('time_ratio'))} | "
+                  f"{fit['slots']} / {fit['kv_capacity_tokens']} |")
             notes += [f"- {name} `{label}`: {w}" for w in fit["warnings"]]
         for b, own in (rec.get("fits", {}).get("live-all") or rec.get("fits", {}).get("live")
                        or {}).get("per_backend", {}).items():
             if "error" in own:
-                print(f"| {name} | backend | {b} | - | {own['error']} | | | |")
+                print(f"| {name} | backend | {b} | - | {own['error']} | | | | |")
                 continue
             costs = [cost_cell(own[c]["value"], own[c]["stderr"], own[c]["ratio"], scale)
                      for (c, _, _), scale in zip(COSTS, (1e6, 1e3, 1e3))]
-            print(f"| {name} | backend | {b} | {own['windows']} | " + " | ".join(costs) + " | |")
+            print(f"| {name} | backend | {b} | {own['windows']} | " + " | ".join(costs)
+                  + f" | {times(own.get('time_ratio'))} | |")
         if rec.get("fits"):
             notes.append(f"- {name}: profiled on {rec['servers']} simulators "
                          f"({len(rec['slow'])} slower), {rec['requests']} requests "
@@ -866,6 +870,10 @@ def print_fits(profiles):
     if notes:
         print()
         print("\n".join(notes))
+
+
+def times(ratio):
+    return "-" if ratio is None else f"{ratio:.2f}"
 
 
 def cost_cell(value, stderr, r, scale):

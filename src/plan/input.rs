@@ -47,6 +47,7 @@ struct WorkloadDoc {
     trace: Option<PathBuf>,
     scale: Option<f64>,
     model: Option<String>,
+    recorded_servers: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, Clone, Copy)]
@@ -175,6 +176,9 @@ pub enum WorkloadSource {
         scale: f64,
         model: Option<String>,
         seed: u64,
+        /// The fleet the trace was recorded on, in engines, when the plan file says (else the
+        /// backends the trace names): the self-check replays the trace on it.
+        recorded_servers: Option<usize>,
     },
 }
 
@@ -361,18 +365,27 @@ fn workload(w: &WorkloadDoc, base: &Path) -> Result<WorkloadSource, PlanError> {
             ));
         }
         let scale = positive("workload.scale", w.scale.unwrap_or(1.0))?;
+        if w.recorded_servers.is_some_and(|n| n == 0 || n > 4096) {
+            return Err(invalid(
+                "workload.recorded_servers",
+                "must be between 1 and 4096",
+            ));
+        }
         return Ok(WorkloadSource::Recorded {
             trace: base.join(trace),
             scale,
             model: w.model.clone(),
             seed: w.seed,
+            recorded_servers: w.recorded_servers,
         });
     }
-    if w.scale.is_some() {
-        return Err(invalid(
-            "workload.scale",
-            "applies to a recorded `trace` only",
-        ));
+    for (field, set) in [
+        ("workload.scale", w.scale.is_some()),
+        ("workload.recorded_servers", w.recorded_servers.is_some()),
+    ] {
+        if set {
+            return Err(invalid(field, "applies to a recorded `trace` only"));
+        }
     }
     let rate = positive(
         "workload.rate",

@@ -14,7 +14,9 @@
 //! - [`input`]: the plan file and its validation.
 //! - [`trust`]: where a measured candidate's plan leaves what its profile knows.
 //! - [`search`]: percentiles, SLO verdicts, the smallest-count search.
-//! - [`report`]: the plain-text table and the self-contained HTML report.
+//! - [`selfcheck`]: a recorded trace replayed on its recorded fleet against what the gateway
+//!   measured.
+//! - [`report`]: the plain-text answer, the JSON answer and the self-contained HTML report.
 //!
 //! Invariant: the planner never re-implements the engine model or the routing policies; it
 //! supplies a clock and the bookkeeping the proxy would do.
@@ -25,6 +27,7 @@ pub mod profile;
 pub mod report;
 pub mod roofline;
 pub mod search;
+pub mod selfcheck;
 pub mod trust;
 pub mod workload;
 
@@ -102,34 +105,46 @@ pub struct Report {
     pub candidates: Vec<CandidateReport>,
     /// Index of the cheapest candidate meeting the SLO.
     pub cheapest: Option<usize>,
+    /// The recorded traffic replayed on the recorded fleet (recorded workloads).
+    pub self_check: Option<selfcheck::SelfCheck>,
+    /// Why a recorded workload has no self-check.
+    pub self_check_missing: Option<String>,
 }
 
 /// The requests of the plan's workload.
 pub fn requests(input: &PlanInput) -> Result<Vec<fleet::Request>, PlanError> {
-    let reqs = match &input.workload {
-        WorkloadSource::Described(d) => d.generate(),
+    load(input).map(|(reqs, _)| reqs)
+}
+
+/// The requests of the plan's workload and, for a recorded one, the trace as recorded
+/// (unscaled, with what was measured).
+fn load(input: &PlanInput) -> Result<(Vec<fleet::Request>, Option<workload::Recorded>), PlanError> {
+    let (reqs, recorded) = match &input.workload {
+        WorkloadSource::Described(d) => (d.generate(), None),
         WorkloadSource::Recorded {
             trace,
             scale,
             model,
             seed,
+            ..
         } => {
             let text = std::fs::read_to_string(trace).map_err(|source| PlanError::Read {
                 path: trace.display().to_string(),
                 source,
             })?;
-            let reqs = workload::read_trace(&text, model.as_deref())?;
-            if *scale == 1.0 {
-                reqs
+            let recorded = workload::read_recorded(&text, model.as_deref())?;
+            let reqs = if *scale == 1.0 {
+                recorded.requests.clone()
             } else {
-                workload::scale(&reqs, *scale, *seed)
-            }
+                workload::scale(&recorded.requests, *scale, *seed)
+            };
+            (reqs, Some(recorded))
         }
     };
     if reqs.is_empty() {
         return Err(PlanError::EmptyWorkload);
     }
-    Ok(reqs)
+    Ok((reqs, recorded))
 }
 
 /// The engine of a candidate for this workload (`Err`: the model does not fit), and for a
@@ -248,11 +263,22 @@ pub fn plan(
     input: &PlanInput,
     progress: &(dyn Fn(&str, usize, &search::Stats) + Sync),
 ) -> Result<Report, PlanError> {
-    let reqs = requests(input)?;
+    let (reqs, recorded) = load(input)?;
     let mut engines = Vec::new();
     for c in &input.candidates {
         engines.push(engine(c, input, &reqs)?);
     }
+    let check = recorded.map(|rec| {
+        let over = match &input.workload {
+            WorkloadSource::Recorded {
+                recorded_servers, ..
+            } => *recorded_servers,
+            WorkloadSource::Described(_) => None,
+        };
+        let infos: Vec<Result<EngineInfo, String>> =
+            engines.iter().map(|(e, _)| e.clone()).collect();
+        selfcheck::check(input, &rec, over, &infos)
+    });
     let searched: Vec<(Curve, Option<profile::FitSummary>)> = std::thread::scope(|s| {
         let handles: Vec<_> = input
             .candidates
@@ -325,5 +351,9 @@ pub fn plan(
         max_servers: input.max_servers,
         candidates,
         cheapest,
+        self_check_missing: check
+            .as_ref()
+            .and_then(|c| c.as_ref().err().map(ToString::to_string)),
+        self_check: check.and_then(Result::ok),
     })
 }

@@ -37,7 +37,7 @@ pub struct Stats {
 }
 
 /// Nearest-rank percentile of sorted values.
-fn pct(sorted: &[f64], p: f64) -> f64 {
+pub(super) fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -62,7 +62,8 @@ fn at_rank(sorted: &[f64], rank: usize) -> f64 {
     }
 }
 
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+/// `v` in ascending order.
+pub(super) fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(f64::total_cmp);
     v
 }
@@ -151,6 +152,18 @@ pub struct Curve {
     pub smallest: Option<usize>,
 }
 
+/// One fleet-size run: `servers` servers of `per_server` engines each, every request's
+/// outcome.
+pub fn replay(
+    reqs: &[Request],
+    timing: &Timing,
+    per_server: usize,
+    servers: usize,
+    policy: PolicyKind,
+) -> Run {
+    simulate(reqs, servers * per_server.max(1), timing, policy)
+}
+
 /// One fleet-size evaluation: `servers` servers of `per_server` engines each.
 pub fn evaluate(
     reqs: &[Request],
@@ -159,7 +172,7 @@ pub fn evaluate(
     servers: usize,
     policy: PolicyKind,
 ) -> Stats {
-    let run = simulate(reqs, servers * per_server.max(1), timing, policy);
+    let run = replay(reqs, timing, per_server, servers, policy);
     Stats::of(reqs, &run)
 }
 

@@ -119,8 +119,9 @@ fn fingerprint(i: u64) -> u64 {
     z ^ (z >> 29)
 }
 
-/// One line of a recorded trace (JSON Lines). Never any text: counts, the model, the API and
-/// a fingerprint of the shared prefix.
+/// One line of a recorded trace (JSON Lines). Never any text: counts, the model, the API, a
+/// fingerprint of the shared prefix, and what the gateway measured (traces written before it
+/// did have none of those fields).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TraceRecord {
@@ -141,49 +142,124 @@ pub struct TraceRecord {
     /// The output the request asked for at most (`max_tokens` × `n`), if it set one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
+    /// The backend that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Measured time to first token, milliseconds (streams only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// Measured time per output token after the first, milliseconds (complete streams).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpot_ms: Option<f64>,
+    /// Measured time from arrival to the end of the answer, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<f64>,
+}
+
+/// What the gateway measured of one recorded request, in seconds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Measured {
+    pub backend: Option<String>,
+    pub ttft: Option<f64>,
+    pub tpot: Option<f64>,
+}
+
+/// A recorded trace: its requests (sorted by arrival) and, in the same order, what was
+/// measured of each.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Recorded {
+    pub requests: Vec<Request>,
+    pub measured: Vec<Measured>,
+}
+
+impl Recorded {
+    /// The distinct backends that answered (0: the trace does not name them).
+    pub fn backends(&self) -> usize {
+        let mut names: Vec<&str> = self
+            .measured
+            .iter()
+            .filter_map(|m| m.backend.as_deref())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names.len()
+    }
+}
+
+/// Milliseconds from a trace into seconds; a negative or non-finite value is an error.
+fn seconds(field: &str, ms: Option<f64>, line: usize) -> Result<Option<f64>, PlanError> {
+    match ms {
+        Some(v) if !(v.is_finite() && v >= 0.0) => Err(PlanError::Trace(format!(
+            "line {line}: `{field}` must be milliseconds ≥ 0"
+        ))),
+        v => Ok(v.map(|v| v / 1000.0)),
+    }
 }
 
 /// Read a trace (one [`TraceRecord`] per line) into requests, keeping only `model` if given.
 pub fn read_trace(text: &str, model: Option<&str>) -> Result<Vec<Request>, PlanError> {
+    read_recorded(text, model).map(|r| r.requests)
+}
+
+/// Read a trace into requests and what was measured of each, keeping only `model` if given.
+pub fn read_recorded(text: &str, model: Option<&str>) -> Result<Recorded, PlanError> {
     let mut recs = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let r: TraceRecord = serde_json::from_str(line)
-            .map_err(|e| PlanError::Trace(format!("line {}: {e}", n + 1)))?;
-        if !r.ts.is_finite() || r.ts < 0.0 {
-            return Err(PlanError::Trace(format!(
-                "line {}: `ts` must be a time",
-                n + 1
-            )));
+        if let Some(rec) = record(line, n + 1, model)? {
+            recs.push(rec);
         }
-        if model.is_some_and(|m| m != r.model) {
-            continue;
-        }
-        let prefix = match &r.prefix {
-            None => None,
-            Some(h) => Some(u64::from_str_radix(h, 16).map_err(|_| {
-                PlanError::Trace(format!("line {}: `prefix` is not hexadecimal", n + 1))
-            })?),
-        };
-        recs.push((r, prefix));
     }
-    recs.sort_by(|a, b| a.0.ts.total_cmp(&b.0.ts));
-    let t0 = recs.first().map_or(0.0, |r| r.0.ts);
-    Ok(recs
-        .into_iter()
-        .map(|(r, fp)| {
-            let prompt = r.prompt_tokens.max(1);
-            Request {
-                at_ns: ((r.ts - t0) * 1e9) as u64,
-                prompt_tokens: prompt,
-                output_tokens: r.completion_tokens,
-                prefix: fp.map(|f| (f, r.prefix_tokens.min(prompt))),
-                max_tokens: r.max_tokens,
-            }
-        })
-        .collect())
+    recs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let t0 = recs.first().map_or(0.0, |r| r.0);
+    let mut out = Recorded::default();
+    for (ts, mut req, measured) in recs {
+        req.at_ns = ((ts - t0) * 1e9) as u64;
+        out.requests.push(req);
+        out.measured.push(measured);
+    }
+    Ok(out)
+}
+
+/// One trace line (number `n`): its arrival, request and measurements; `None` for another
+/// model than `model`.
+fn record(
+    line: &str,
+    n: usize,
+    model: Option<&str>,
+) -> Result<Option<(f64, Request, Measured)>, PlanError> {
+    let r: TraceRecord =
+        serde_json::from_str(line).map_err(|e| PlanError::Trace(format!("line {n}: {e}")))?;
+    if !r.ts.is_finite() || r.ts < 0.0 {
+        return Err(PlanError::Trace(format!("line {n}: `ts` must be a time")));
+    }
+    if model.is_some_and(|m| m != r.model) {
+        return Ok(None);
+    }
+    let prefix = match &r.prefix {
+        None => None,
+        Some(h) => Some(
+            u64::from_str_radix(h, 16)
+                .map_err(|_| PlanError::Trace(format!("line {n}: `prefix` is not hexadecimal")))?,
+        ),
+    };
+    let prompt = r.prompt_tokens.max(1);
+    let req = Request {
+        at_ns: 0,
+        prompt_tokens: prompt,
+        output_tokens: r.completion_tokens,
+        prefix: prefix.map(|f| (f, r.prefix_tokens.min(prompt))),
+        max_tokens: r.max_tokens,
+    };
+    let measured = Measured {
+        ttft: seconds("ttft_ms", r.ttft_ms, n)?,
+        tpot: seconds("tpot_ms", r.tpot_ms, n)?,
+        backend: r.backend,
+    };
+    seconds("duration_ms", r.duration_ms, n)?;
+    Ok(Some((r.ts, req, measured)))
 }
 
 /// `factor` times the traffic: each request is there ⌊factor⌋ times (plus once more with the
@@ -283,5 +359,23 @@ mod tests {
         assert_eq!(scale(&reqs, 3.0, 1).len(), 6);
         let err = read_trace("{\"ts\":1}\n", None).expect_err("fields missing");
         assert!(err.to_string().contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn measured_latencies_and_backends_are_read_in_arrival_order() {
+        let text = r#"{"ts":2.0,"model":"m","api":"chat","prompt_tokens":10,"completion_tokens":5,"backend":"b","ttft_ms":120.0,"tpot_ms":20.0,"duration_ms":200.0}
+{"ts":1.0,"model":"m","api":"chat","prompt_tokens":10,"completion_tokens":5,"backend":"a","duration_ms":90.0}
+{"ts":3.0,"model":"m","api":"chat","prompt_tokens":10,"completion_tokens":5,"backend":"a","ttft_ms":80.0}
+"#;
+        let r = read_recorded(text, None).expect("valid");
+        assert_eq!(r.backends(), 2);
+        let ttft: Vec<Option<f64>> = r.measured.iter().map(|m| m.ttft).collect();
+        assert_eq!(ttft, [None, Some(0.12), Some(0.08)]);
+        assert_eq!(r.measured[1].tpot, Some(0.02));
+        let bad = text.replace("120.0", "-1");
+        let err = read_recorded(&bad, None).expect_err("negative");
+        assert!(err.to_string().contains("line 1: `ttft_ms`"), "{err}");
+        let old = r#"{"ts":1,"model":"m","api":"chat","prompt_tokens":1,"completion_tokens":1}"#;
+        assert_eq!(read_recorded(old, None).expect("old").backends(), 0);
     }
 }

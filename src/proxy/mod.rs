@@ -827,13 +827,22 @@ fn settlement(
         claimed.queued,
     ));
     if let Some(trace) = &p.trace {
-        settle.hooks.push(trace_hook(p, trace.clone()));
+        settle
+            .hooks
+            .push(trace_hook(p, trace.clone(), backend.name()));
     }
     settle
 }
 
-/// The trace line of an answered request: counts and the prefix fingerprint, never text.
-fn trace_hook(p: &Prepared, trace: Arc<crate::telemetry::trace::TraceWriter>) -> SettleHook {
+/// The trace line of an answered request: counts, the prefix fingerprint, the backend and the
+/// latencies measured here (TTFT for streams, TPOT for complete streams one backend produced),
+/// never text.
+fn trace_hook(
+    p: &Prepared,
+    trace: Arc<crate::telemetry::trace::TraceWriter>,
+    backend: &str,
+) -> SettleHook {
+    let backend = backend.to_string();
     let model = p.resolved.canonical.clone();
     let api = p.api.path();
     let prefix = p.input.prefix_hash.map(|h| format!("{h:016x}"));
@@ -847,6 +856,11 @@ fn trace_hook(p: &Prepared, trace: Arc<crate::telemetry::trace::TraceWriter>) ->
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let tpot = o
+            .ttft
+            .filter(|_| o.complete && !o.continued)
+            .and_then(|t| crate::telemetry::trace::tpot_ms(t, o.elapsed, u.completion_tokens));
         trace.record(&crate::telemetry::trace::TraceLine {
             ts: now.saturating_sub(o.elapsed).as_secs_f64(),
             model: &model,
@@ -857,6 +871,10 @@ fn trace_hook(p: &Prepared, trace: Arc<crate::telemetry::trace::TraceWriter>) ->
             prefix: prefix.clone(),
             prefix_tokens: if prefix.is_some() { prefix_tokens } else { 0 },
             max_tokens,
+            backend: Some(&backend),
+            ttft_ms: o.ttft.map(ms),
+            tpot_ms: tpot,
+            duration_ms: ms(o.elapsed),
         });
     })
 }

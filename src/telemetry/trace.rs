@@ -1,5 +1,6 @@
 //! The workload trace: one JSON line per answered request for `sluice plan` — arrival time,
-//! model, API, token counts and the shared-prefix fingerprint; never any text.
+//! model, API, token counts, the shared-prefix fingerprint, the backend that answered and the
+//! latencies the gateway measured (for the planner's self-check); never any text.
 //!
 //! Invariants: the request path only formats a short line and `try_send`s it to a bounded
 //! channel (a full channel drops the line and counts it); one writer thread appends to the
@@ -9,6 +10,7 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::time::Duration;
 
 /// Lines waiting for the writer at most.
 const BACKLOG: usize = 65_536;
@@ -31,6 +33,27 @@ pub struct TraceLine<'a> {
     /// The output the request asked for at most (`max_tokens` × `n`), if it set one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
+    /// The backend that answered (the one a continued stream started on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<&'a str>,
+    /// Milliseconds from arrival at the gateway to the first token (streams only: a whole
+    /// answer's first byte is its last).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// Milliseconds per output token after the first: (end − first token) / (tokens − 1), for
+    /// complete streams of two tokens or more that one backend produced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tpot_ms: Option<f64>,
+    /// Milliseconds from arrival to the end of the answer (every answer).
+    pub duration_ms: f64,
+}
+
+/// Milliseconds per output token after the first, from the time to the first token and to
+/// the end (`None` with fewer than two tokens: there is no time between tokens to measure).
+pub fn tpot_ms(ttft: Duration, elapsed: Duration, completion_tokens: u64) -> Option<f64> {
+    (completion_tokens >= 2).then(|| {
+        elapsed.saturating_sub(ttft).as_secs_f64() * 1000.0 / (completion_tokens - 1) as f64
+    })
 }
 
 /// The handle requests write through.
@@ -82,5 +105,18 @@ impl TraceWriter {
     /// Records dropped because the writer fell behind.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tpot_is_the_time_after_the_first_token_per_later_token() {
+        let ms = Duration::from_millis;
+        assert_eq!(tpot_ms(ms(100), ms(1100), 11), Some(100.0));
+        assert_eq!(tpot_ms(ms(100), ms(100), 1), None);
+        assert_eq!(tpot_ms(ms(300), ms(200), 3), Some(0.0));
     }
 }

@@ -39,6 +39,8 @@ mod plan_accuracy;
 mod plan_cli;
 mod plan_inputs;
 mod plan_profile;
+mod plan_report;
+mod plan_selfcheck;
 mod plan_trace;
 mod redis_shared;
 mod routing_load_aware;

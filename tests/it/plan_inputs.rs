@@ -113,6 +113,11 @@ fn each_bad_input_names_what_is_wrong() {
         ),
         (
             "rate = 20.0",
+            "rate = 20.0\nrecorded_servers = 3",
+            "`workload.recorded_servers`",
+        ),
+        (
+            "rate = 20.0",
             "rate = 20.0\ndaily_shape = [1.0, 2.0]",
             "`workload.daily_shape`",
         ),

@@ -6,6 +6,7 @@
 //! one-call requests ([`request`]).
 #![allow(dead_code)]
 
+pub mod chromium;
 pub mod net;
 pub mod poll;
 pub mod process;
