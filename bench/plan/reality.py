@@ -29,11 +29,12 @@ replays), the plan is "more servers like the fast ones" (the fast backends' wind
 the replays run fast simulators only. A second candidate merging every backend shows the
 warning naming the backends that differ from the merged fit.
 
-Where the plan's JSON carries no fit summary (standard errors, warnings), the fit table shows
-the costs the plan used (its engine) and each backend's own fit as the gateway exported it
-(`engine.fit`, with standard errors), and the differing backends are named here by the
-planner's rule, marked "[reality.py]". A backend's time ratio is its windows' engine time over
-what its fit predicts (above 1: stalled steps, which the planner adds back to the costs).
+The fit table shows, per measured candidate, the costs the plan used (± the fit's standard
+errors, from the plan's JSON `fit`), the time ratio (the windows' engine time over what the fit
+predicts; above 1, stalled steps, which the planner adds back to the costs), and each backend's
+own fit as the gateway exported it (`engine.fit`), all against the configured timing; then the
+plan's warnings. (A plan whose JSON has no `fit` gets the backends' standard errors only, and
+the differing backends named here by the planner's rule, marked "[reality.py]".)
 
 The same requests on both sides: this script generates each workload (seeded) as a list of
 chat requests with exact token counts (the simulator's documented tokenizer and chat template,
