@@ -176,57 +176,9 @@ pub fn measured(
     max_num_seqs: Option<usize>,
 ) -> Result<(Timing, FitSummary), String> {
     let p: Profile = serde_json::from_str(text).map_err(|e| format!("not a profile: {e}"))?;
-    let known: Vec<&str> = p.backends.iter().map(|b| b.name.as_str()).collect();
-    let chosen = backends
-        .iter()
-        .map(|name| {
-            p.backends.iter().find(|b| &b.name == name).ok_or_else(|| {
-                format!(
-                    "no backend `{name}` in the profile (it has: {})",
-                    known.join(", ")
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let Some(first) = chosen.first() else {
-        return Err("no backend named".into());
-    };
-    let kinds: Vec<&str> = chosen.iter().filter_map(|b| b.kind.as_deref()).collect();
-    if kinds.windows(2).any(|k| k[0] != k[1]) {
-        return Err(format!(
-            "backends of different kinds cannot be merged ({})",
-            kinds.join(", ")
-        ));
-    }
+    let chosen = pick(&p, backends)?;
     let mut warnings = Vec::new();
-    let slots: Vec<u64> = chosen.iter().map(|b| b.slots).collect();
-    if slots.windows(2).any(|s| s[0] != s[1]) {
-        warnings.push(format!(
-            "the merged backends have different batch slots ({}); the plan uses the fewest",
-            slots
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    let unknown = chosen
-        .iter()
-        .all(|b| b.slots_source.as_deref() == Some("default"));
-    if unknown && max_num_seqs.is_none() {
-        warnings.push(format!(
-            "the engines' batch limit was never observed (no full batch with requests waiting): \
-             the plan assumes the kind's default of {} slots; set `max_num_seqs` on the candidate",
-            slots.iter().copied().min().unwrap_or(1)
-        ));
-    }
-    let fewest = slots.iter().copied().min().unwrap_or(1);
-    let limits = BackendProfile {
-        slots: max_num_seqs.map_or(fewest, |n| n as u64),
-        kv_capacity_tokens: chosen.iter().filter_map(|b| b.kv_capacity_tokens).min(),
-        ..(*first).clone()
-    }
-    .limits();
+    let limits = limits(&chosen, max_num_seqs, &mut warnings)?;
     let with_engine: Vec<&BackendProfile> = chosen
         .iter()
         .copied()
@@ -246,15 +198,78 @@ pub fn measured(
             left.join(", ")
         ));
     }
-    let merged: Vec<Window> = with_engine
+    from_engine(&with_engine, limits, warnings)
+}
+
+/// The named backends of one kind.
+fn pick<'a>(p: &'a Profile, backends: &[String]) -> Result<Vec<&'a BackendProfile>, String> {
+    let known: Vec<&str> = p.backends.iter().map(|b| b.name.as_str()).collect();
+    let chosen = backends
         .iter()
-        .flat_map(|b| b.windows())
-        .copied()
-        .collect();
-    let f = fit::fit(&merged)
-        .map_err(|e| format!("the engine timing of {}: {e}", names(&with_engine)))?;
-    if with_engine.len() > 1 {
-        warnings.extend(differences(&with_engine, &f));
+        .map(|name| {
+            p.backends.iter().find(|b| &b.name == name).ok_or_else(|| {
+                format!(
+                    "no backend `{name}` in the profile (it has: {})",
+                    known.join(", ")
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let kinds: Vec<&str> = chosen.iter().filter_map(|b| b.kind.as_deref()).collect();
+    if kinds.windows(2).any(|k| k[0] != k[1]) {
+        return Err(format!(
+            "backends of different kinds cannot be merged ({})",
+            kinds.join(", ")
+        ));
+    }
+    Ok(chosen)
+}
+
+/// The batch slots and KV capacity of the merged backends (the fewest, the smallest), with a
+/// warning where they differ or were never observed.
+fn limits(
+    chosen: &[&BackendProfile],
+    max_num_seqs: Option<usize>,
+    warnings: &mut Vec<String>,
+) -> Result<Timing, String> {
+    let first = chosen.first().ok_or("no backend named")?;
+    let slots: Vec<u64> = chosen.iter().map(|b| b.slots).collect();
+    let fewest = slots.iter().copied().min().unwrap_or(1);
+    if slots.windows(2).any(|s| s[0] != s[1]) {
+        let all: Vec<String> = slots.iter().map(u64::to_string).collect();
+        warnings.push(format!(
+            "the merged backends have different batch slots ({}); the plan uses the fewest",
+            all.join(", ")
+        ));
+    }
+    let unknown = chosen
+        .iter()
+        .all(|b| b.slots_source.as_deref() == Some("default"));
+    if unknown && max_num_seqs.is_none() {
+        warnings.push(format!(
+            "the engines' batch limit was never observed (no full batch with requests waiting): \
+             the plan assumes the kind's default of {fewest} slots; set `max_num_seqs` on the \
+             candidate"
+        ));
+    }
+    Ok(BackendProfile {
+        slots: max_num_seqs.map_or(fewest, |n| n as u64),
+        kv_capacity_tokens: chosen.iter().filter_map(|b| b.kv_capacity_tokens).min(),
+        ..(*first).clone()
+    }
+    .limits())
+}
+
+/// One fit over the merged windows of `bs`, its costs scaled by the time ratio (stalls).
+fn from_engine(
+    bs: &[&BackendProfile],
+    limits: Timing,
+    mut warnings: Vec<String>,
+) -> Result<(Timing, FitSummary), String> {
+    let merged: Vec<Window> = bs.iter().flat_map(|b| b.windows()).copied().collect();
+    let f = fit::fit(&merged).map_err(|e| format!("the engine timing of {}: {e}", names(bs)))?;
+    if bs.len() > 1 {
+        warnings.extend(differences(bs, &f));
     }
     let k = f.time_ratio.max(1.0);
     if f.time_ratio > STALLS {
@@ -273,7 +288,7 @@ pub fn measured(
         ..limits
     };
     let summary = FitSummary {
-        backends: with_engine.iter().map(|b| b.name.clone()).collect(),
+        backends: bs.iter().map(|b| b.name.clone()).collect(),
         source: "engine metrics".into(),
         params: params(&f),
         batch_range: f.batch_range,

@@ -5,7 +5,7 @@
 //! The real side is measured in wall-clock time, so these tests only mean something on a
 //! machine that is not running two hundred other tests at once: they are `#[ignore]`d in the
 //! suite and run alone, one at a time
-//! (`cargo test --test it plan_accuracy -- --ignored --test-threads=1`), which CI does after
+//! (`cargo test --test it plan_ -- --ignored --test-threads=1`), which CI does after
 //! the suite.
 
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! bimodal prompt mix, some long answers) through two simulated vLLM engines of known timing
 //! and checks the merged fit recovers that timing. It measures wall-clock engines, so it is
 //! `#[ignore]`d in the suite and run alone with the other timing comparisons
-//! (`cargo test --test it plan_accuracy -- --ignored --test-threads=1`).
+//! (`cargo test --test it plan_ -- --ignored --test-threads=1`).
 
 use std::time::{Duration, Instant};
 
