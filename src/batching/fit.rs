@@ -80,6 +80,10 @@ pub struct EngineFit {
     /// (stalls: the fit treats them as outliers, but they are time the engine lost, so a plan
     /// that needs the engine's throughput scales the costs by it).
     pub time_ratio: f64,
+    /// Parameters the windows could not separate from the others, fixed at 0 (a batch that
+    /// never varied: `decode_per_seq`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fixed: Vec<String>,
 }
 
 /// Why no timing could be fitted.
@@ -138,7 +142,14 @@ pub fn fit(windows: &[Window]) -> Result<EngineFit, FitError> {
     if used < MIN_WINDOWS {
         return Err(FitError::TooFew(used));
     }
-    let (theta, se) = robust(&rows).ok_or(FitError::Degenerate)?;
+    // A batch that never varied leaves the per-sequence cost unknown: it is then fixed at 0
+    // (all of a step's decode cost in its base) and named, rather than no fit at all.
+    let (theta, se, fixed) = match robust(&rows, [true; 3]) {
+        Some((t, e)) => (t, e, Vec::new()),
+        None => robust(&rows, [true, false, true])
+            .map(|(t, e)| (t, e, vec!["decode_per_seq".to_string()]))
+            .ok_or(FitError::Degenerate)?,
+    };
     let range = |f: &dyn Fn(&Window) -> Option<f64>| {
         windows.iter().filter_map(f).fold(None, |acc, v| match acc {
             None => Some((v, v)),
@@ -170,13 +181,14 @@ pub fn fit(windows: &[Window]) -> Result<EngineFit, FitError> {
         prompt_range,
         windows: used as u64,
         time_ratio,
+        fixed,
     })
 }
 
 /// Huber-weighted least squares with θ ≥ 0: the estimate and its standard errors.
-fn robust(rows: &[Row]) -> Option<([f64; 3], [f64; 3])> {
+fn robust(rows: &[Row], start: [bool; 3]) -> Option<([f64; 3], [f64; 3])> {
     let mut h = vec![1.0; rows.len()];
-    let mut theta = constrained(rows, &h)?;
+    let mut theta = constrained(rows, &h, start)?;
     for _ in 0..ITERATIONS {
         let res: Vec<f64> = rows
             .iter()
@@ -187,7 +199,7 @@ fn robust(rows: &[Row]) -> Option<([f64; 3], [f64; 3])> {
             .iter()
             .map(|e| (HUBER_K * scale / e.abs().max(1e-300)).min(1.0))
             .collect();
-        let next = constrained(rows, &next_h)?;
+        let next = constrained(rows, &next_h, start)?;
         let moved = theta
             .iter()
             .zip(&next)
@@ -198,13 +210,14 @@ fn robust(rows: &[Row]) -> Option<([f64; 3], [f64; 3])> {
             break;
         }
     }
-    let se = stderrs(rows, &h, &theta)?;
+    let se = stderrs(rows, &h, &theta, &start)?;
     Some((theta, se))
 }
 
-/// Weighted least squares (weights `w × h`) with negative parameters pinned at 0.
-fn constrained(rows: &[Row], h: &[f64]) -> Option<[f64; 3]> {
-    let mut free = [true; 3];
+/// Weighted least squares (weights `w × h`) over the `start` parameters, with negative ones
+/// pinned at 0.
+fn constrained(rows: &[Row], h: &[f64], start: [bool; 3]) -> Option<[f64; 3]> {
+    let mut free = start;
     for _ in 0..3 {
         let theta = solve(rows, h, &free)?;
         match (0..3)
@@ -254,10 +267,10 @@ fn solve(rows: &[Row], h: &[f64], free: &[bool; 3]) -> Option<[f64; 3]> {
     theta.iter().all(|t| t.is_finite()).then_some(theta)
 }
 
-/// Standard errors from the weighted residual variance and the inverse normal matrix.
-fn stderrs(rows: &[Row], h: &[f64], theta: &[f64; 3]) -> Option<[f64; 3]> {
-    let free = [true; 3];
-    let (a, _) = normal(rows, h, &free);
+/// Standard errors from the weighted residual variance and the inverse normal matrix (0 for
+/// a parameter outside `free`).
+fn stderrs(rows: &[Row], h: &[f64], theta: &[f64; 3], free: &[bool; 3]) -> Option<[f64; 3]> {
+    let (a, _) = normal(rows, h, free);
     let inv = invert(a)?;
     let wsum: f64 = rows.iter().zip(h).map(|(r, hi)| r.w * hi).sum();
     let n = rows.len() as f64;
@@ -270,7 +283,13 @@ fn stderrs(rows: &[Row], h: &[f64], theta: &[f64; 3]) -> Option<[f64; 3]> {
         .map(|(r, hi)| r.w * hi * (r.y - dot(&r.x, theta)).powi(2))
         .sum();
     let sigma2 = rss / (n - 3.0);
-    let se = [0, 1, 2].map(|i| (sigma2 * inv[i][i]).max(0.0).sqrt());
+    let se = [0, 1, 2].map(|i| {
+        if free[i] {
+            (sigma2 * inv[i][i]).max(0.0).sqrt()
+        } else {
+            0.0
+        }
+    });
     se.iter().all(|s| s.is_finite()).then_some(se)
 }
 

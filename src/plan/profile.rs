@@ -271,6 +271,16 @@ fn from_engine(
     if bs.len() > 1 {
         warnings.extend(differences(bs, &f));
     }
+    if !f.fixed.is_empty() {
+        warnings.push(format!(
+            "the running batch never varied in the windows ({:.1}–{:.1}): {} could not be \
+             separated and is fixed at 0, so larger batches are extrapolated at the measured \
+             step cost",
+            f.batch_range.0,
+            f.batch_range.1,
+            f.fixed.join(", ")
+        ));
+    }
     let k = f.time_ratio.max(1.0);
     if f.time_ratio > STALLS {
         warnings.push(format!(
@@ -579,6 +589,31 @@ mod tests {
         assert!((scaled - s.time_ratio).abs() < 1e-6, "{scaled}");
         assert!(
             s.warnings.iter().any(|w| w.contains("stalls")),
+            "{:?}",
+            s.warnings
+        );
+    }
+
+    #[test]
+    fn a_batch_that_never_varied_is_said() {
+        let w: Vec<Window> = windows(0.015, 0.001, 0.0001)
+            .into_iter()
+            .map(|w| {
+                let step = |p: f64| 0.016 + 0.0001 * p;
+                Window {
+                    generated: w.steps,
+                    itl_sum: w.itl_count * step(w.prompt_computed / w.steps),
+                    prefill_sum: w.prefill_count * step(w.prefill_tokens / w.prefill_count),
+                    ..w
+                }
+            })
+            .collect();
+        let (t, s) = measured(&doc(vec![backend("a", "vllm", w)]), &names(&["a"]), None)
+            .expect("base and prefill are known");
+        assert_eq!(t.decode_per_seq, Duration::ZERO);
+        assert!((t.decode_base.as_secs_f64() - 0.016).abs() < 1e-6, "{t:?}");
+        assert!(
+            s.warnings.iter().any(|w| w.contains("never varied")),
             "{:?}",
             s.warnings
         );

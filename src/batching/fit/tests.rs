@@ -225,6 +225,25 @@ fn too_little_or_uniform_traffic_is_an_error() {
 }
 
 #[test]
+fn a_batch_that_never_varies_fixes_the_per_sequence_cost_and_says_so() {
+    let timing = Timing {
+        max_num_seqs: 1,
+        ..sim_timing()
+    };
+    let windows = run(timing.clone(), &bursty(240.0, 3.0, 0.5, 5), 1.0);
+    let f = fit(&windows).expect("base and prefill are still known");
+    assert_eq!(f.fixed, ["decode_per_seq"]);
+    assert_eq!(
+        (f.decode_per_seq.value, f.decode_per_seq.stderr),
+        (0.0, 0.0)
+    );
+    // one sequence: the whole step cost at batch 1 is in the base
+    let step = timing.decode_base + timing.decode_per_seq;
+    within("decode_base", f.decode_base, step.as_secs_f64(), 0.05);
+    within("prefill_per_token", f.prefill_per_token, 100e-6, 0.05);
+}
+
+#[test]
 fn the_inverse_is_an_inverse_across_scales() {
     let m = [[4.0, 2e3, 1e5], [2e3, 2e6, 3e7], [1e5, 3e7, 1e10]];
     let inv = invert(m).expect("invertible");
