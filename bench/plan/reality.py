@@ -576,7 +576,7 @@ def profile_fleet(binary, name, w, n, workdir, seconds):
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     failed = sum(1 for r in res if not (r and r["ttft"] is not None))
-    return {"path": path, "servers": n, "requests": len(reqs), "failed": failed,
+    return {"path": os.path.basename(path), "servers": n, "requests": len(reqs), "failed": failed,
             "rate_scale": scale, "load_before": load, "fast": fleet.fast,
             "slow": fleet.names[len(fleet.fast):], "doc": doc}
 
