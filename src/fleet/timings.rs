@@ -20,8 +20,9 @@ use crate::batching::fit::Window;
 
 use super::prom::{self, Sample};
 
-/// Windows kept per backend (two hours at the default one-second scrape).
-pub const KEPT: usize = 7_200;
+/// Windows kept per backend (an hour at the default one-second scrape: 72 bytes each, about
+/// 260 KB per backend).
+pub const KEPT: usize = 3_600;
 
 /// An engine's cumulative timing counters at one scrape.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
