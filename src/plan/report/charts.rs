@@ -4,6 +4,7 @@
 //! recommended one labelled); and cost per hour against the TTFT objective each evaluated
 //! fleet meets. Times are in milliseconds on log axes with 1–2–5 ticks.
 
+use plotters::chart::MeshStyle;
 use plotters::coord::combinators::WithKeyPoints;
 use plotters::coord::types::{RangedCoordf64, RangedCoordu32};
 use plotters::prelude::*;
@@ -196,17 +197,11 @@ pub fn by_servers(r: &Report, figure: &Figure) -> Result<String, ChartError> {
         let mut chart = builder(&root)
             .build_cartesian_2d(0u32..x_max + 1, y)
             .map_err(drawing)?;
-        chart
-            .configure_mesh()
-            .x_desc("servers")
+        house_style(chart.configure_mesh().x_desc("servers"))
             .y_desc(format!("{} (log scale)", figure.name))
             .x_labels((x_max as usize + 2).min(17))
             .x_label_formatter(&|x| x.to_string())
             .y_label_formatter(&|v| time_label(*v))
-            .axis_desc_style((FONT, 16))
-            .label_style((FONT, 13))
-            .bold_line_style(GRID)
-            .light_line_style(WHITE)
             .draw()
             .map_err(drawing)?;
         slo_horizontal(&mut chart, figure, x_max + 1)?;
@@ -367,18 +362,16 @@ pub fn cost(r: &Report) -> Result<String, ChartError> {
         let mut chart = builder(&root)
             .build_cartesian_2d(x, 0.0..top)
             .map_err(drawing)?;
-        chart
-            .configure_mesh()
-            .x_desc("p99 TTFT the fleet meets (log scale)")
-            .y_desc("cost ($/hour)")
-            .x_label_formatter(&|v| time_label(*v))
-            .y_label_formatter(&|v| format!("{v:.2}"))
-            .axis_desc_style((FONT, 16))
-            .label_style((FONT, 13))
-            .bold_line_style(GRID)
-            .light_line_style(WHITE)
-            .draw()
-            .map_err(drawing)?;
+        house_style(
+            chart
+                .configure_mesh()
+                .x_desc("p99 TTFT the fleet meets (log scale)"),
+        )
+        .y_desc("cost ($/hour)")
+        .x_label_formatter(&|v| time_label(*v))
+        .y_label_formatter(&|v| format!("{v:.2}"))
+        .draw()
+        .map_err(drawing)?;
         slo_vertical(&mut chart, ms(r.slo.ttft_p99), top)?;
         for (colour, _, pts) in &series {
             cost_series(&mut chart, *colour, pts)?;
@@ -436,6 +429,21 @@ fn cost_series(
     });
     chart.draw_series(marks).map_err(drawing)?;
     Ok(())
+}
+
+/// The fonts and grid every chart's axes share.
+fn house_style<'m, 'a, 'b, X, Y, DB>(
+    mesh: &'m mut MeshStyle<'a, 'b, X, Y, DB>,
+) -> &'m mut MeshStyle<'a, 'b, X, Y, DB>
+where
+    X: Ranged<ValueType: std::fmt::Debug>,
+    Y: Ranged<ValueType: std::fmt::Debug>,
+    DB: DrawingBackend,
+{
+    mesh.axis_desc_style((FONT, 16))
+        .label_style((FONT, 13))
+        .bold_line_style(GRID)
+        .light_line_style(WHITE)
 }
 
 #[cfg(test)]
