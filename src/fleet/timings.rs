@@ -24,20 +24,10 @@ use super::prom::{self, Sample};
 /// 260 KB per backend).
 pub const KEPT: usize = 3_600;
 
-/// An engine's cumulative timing counters at one scrape.
+/// An engine's cumulative timing counters at one scrape: the totals since it started, in the
+/// shape of a [`Window`] whose `at` is when they were read.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Counters {
-    /// When it was read, seconds (the windows' clock).
-    pub at: f64,
-    pub steps: f64,
-    pub generated: f64,
-    pub prompt_computed: f64,
-    pub itl_sum: f64,
-    pub itl_count: f64,
-    pub prefill_sum: f64,
-    pub prefill_count: f64,
-    pub prefill_tokens: f64,
-}
+pub struct Counters(Window);
 
 impl Counters {
     /// vLLM's counters, summed over engines and models; `None` when the exposition has no
@@ -52,7 +42,7 @@ impl Counters {
         .unwrap_or_else(|| {
             total("vllm:prompt_tokens_total") - total("vllm:prefix_cache_hits_total")
         });
-        Some(Counters {
+        Some(Counters(Window {
             at,
             steps,
             generated: total("vllm:generation_tokens_total"),
@@ -62,22 +52,28 @@ impl Counters {
             prefill_sum: total("vllm:request_prefill_time_seconds_sum"),
             prefill_count: total("vllm:request_prefill_time_seconds_count"),
             prefill_tokens: total("vllm:request_prefill_kv_computed_tokens_sum"),
-        })
+        }))
+    }
+
+    /// The totals read.
+    pub fn totals(&self) -> &Window {
+        &self.0
     }
 
     /// The change from `prev` to `self`; `None` when a counter went down (a restart).
     fn since(&self, prev: &Counters) -> Option<Window> {
+        let (now, prev) = (&self.0, &prev.0);
         let d = |a: f64, b: f64| (a >= b).then_some(a - b);
         Some(Window {
             at: prev.at,
-            steps: d(self.steps, prev.steps)?,
-            generated: d(self.generated, prev.generated)?,
-            prompt_computed: d(self.prompt_computed, prev.prompt_computed)?,
-            itl_sum: d(self.itl_sum, prev.itl_sum)?,
-            itl_count: d(self.itl_count, prev.itl_count)?,
-            prefill_sum: d(self.prefill_sum, prev.prefill_sum)?,
-            prefill_count: d(self.prefill_count, prev.prefill_count)?,
-            prefill_tokens: d(self.prefill_tokens, prev.prefill_tokens)?,
+            steps: d(now.steps, prev.steps)?,
+            generated: d(now.generated, prev.generated)?,
+            prompt_computed: d(now.prompt_computed, prev.prompt_computed)?,
+            itl_sum: d(now.itl_sum, prev.itl_sum)?,
+            itl_count: d(now.itl_count, prev.itl_count)?,
+            prefill_sum: d(now.prefill_sum, prev.prefill_sum)?,
+            prefill_count: d(now.prefill_count, prev.prefill_count)?,
+            prefill_tokens: d(now.prefill_tokens, prev.prefill_tokens)?,
         })
     }
 }
@@ -194,8 +190,9 @@ mod tests {
     fn the_real_vllm_capture_reads() {
         let text = include_str!("../../tests/fixtures/vllm-0.32.0/metrics-under-load.txt");
         let c = Counters::from_vllm(&prom::parse(text), 0.0).expect("0.32 reports steps");
+        let t = c.totals();
         assert!(
-            c.steps > 0.0 && c.generated > 0.0 && c.prompt_computed > 0.0,
+            t.steps > 0.0 && t.generated > 0.0 && t.prompt_computed > 0.0,
             "{c:?}"
         );
     }
