@@ -13,21 +13,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use sluice::config::PolicyKind;
 use sluice::plan::fleet::{simulate, Request};
-use sluice::sim::{SimConfig, SimKind, Timing};
+use sluice::sim::{SimConfig, SimKind};
 
 use crate::support::sim::*;
 use crate::support::{backend, TestGateway, FAST_HEALTH};
-
-fn timing() -> Timing {
-    Timing {
-        max_num_seqs: 4,
-        kv_capacity_tokens: 1_000_000,
-        prefill_per_token: Duration::from_micros(200),
-        decode_base: Duration::from_millis(15),
-        decode_per_seq: Duration::from_millis(2),
-        ..Timing::default()
-    }
-}
 
 /// What the client saw of one request.
 struct Seen {
@@ -142,7 +131,7 @@ fn plan(seen: &[Seen], engines: usize) -> (Vec<f64>, Vec<f64>, usize) {
             max_tokens: Some(s.max_tokens),
         })
         .collect();
-    let run = simulate(&reqs, engines, &timing(), PolicyKind::TokenAware);
+    let run = simulate(&reqs, engines, &comparison_timing(), PolicyKind::TokenAware);
     let planned = run
         .outcomes
         .iter()
@@ -168,7 +157,7 @@ fn assert_close(planned: &[f64], real: &[f64], tolerances: [(f64, f64); 3]) {
 #[ignore = "a timing comparison: run alone (CI runs it after the suite; bench/README.md)"]
 async fn virtual_time_matches_the_real_time_simulator() {
     let sim = start(SimKind::Vllm, &["m"], |c: SimConfig| {
-        c.timing(timing())
+        c.timing(comparison_timing())
             .output_tokens(1000, 1000)
             .max_model_len(100_000)
     })
@@ -203,7 +192,7 @@ async fn virtual_time_matches_a_gateway_in_front_of_a_live_fleet() {
     let mut toml = format!("[routing]\npolicy = \"token-aware\"\n{FAST_HEALTH}");
     for i in 0..3 {
         let s = start(SimKind::Vllm, &["m"], |c: SimConfig| {
-            c.timing(timing())
+            c.timing(comparison_timing())
                 .output_tokens(1000, 1000)
                 .max_model_len(100_000)
         })

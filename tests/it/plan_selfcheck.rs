@@ -8,20 +8,10 @@ use std::time::Duration;
 
 use serde_json::json;
 use sluice::plan::selfcheck::{FleetFrom, SelfCheck};
-use sluice::sim::{SimConfig, SimKind, Timing};
+use sluice::sim::{SimConfig, SimKind};
 
+use crate::support::sim::comparison_timing;
 use crate::support::*;
-
-fn timing() -> Timing {
-    Timing {
-        max_num_seqs: 4,
-        kv_capacity_tokens: 1_000_000,
-        prefill_per_token: Duration::from_micros(200),
-        decode_base: Duration::from_millis(15),
-        decode_per_seq: Duration::from_millis(2),
-        ..Timing::default()
-    }
-}
 
 /// The plan: the recorded trace, a measured candidate from the live profile, and the
 /// simulators' own timing.
@@ -105,7 +95,7 @@ async fn record(dir: &Path) -> String {
     let mut sims = Vec::new();
     for i in 0..2 {
         let config = SimConfig::new(SimKind::Vllm, vec!["m".into()])
-            .timing(timing())
+            .timing(comparison_timing())
             .output_tokens(1000, 1000)
             .max_model_len(100_000);
         let s = sim_with(config).await;

@@ -1,7 +1,7 @@
 //! Helpers shared by the simulator tests: raw HTTP, SSE parsing, fixtures.
 #![allow(dead_code)]
 
-use sluice::sim::{spawn, SimConfig, SimHandle, SimKind};
+use sluice::sim::{spawn, SimConfig, SimHandle, SimKind, Timing};
 
 /// Start a simulator of `kind` serving `models`, customised by `f`.
 pub async fn start(
@@ -105,4 +105,17 @@ pub async fn set_fault(
         .send()
         .await
         .expect("fault")
+}
+
+/// The engine the timing comparisons of `sluice plan` against a live simulator run: four
+/// slots, so a modest load batches and queues.
+pub fn comparison_timing() -> Timing {
+    Timing {
+        max_num_seqs: 4,
+        kv_capacity_tokens: 1_000_000,
+        prefill_per_token: std::time::Duration::from_micros(200),
+        decode_base: std::time::Duration::from_millis(15),
+        decode_per_seq: std::time::Duration::from_millis(2),
+        ..Timing::default()
+    }
 }
