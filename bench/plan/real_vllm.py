@@ -60,13 +60,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 # The helpers the other plan and chaos benchmarks share.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reality  # noqa: E402
 from reality import p99_interval, pct  # noqa: E402
-from chaos import free_port, get_json, wait_port  # noqa: E402  (reality put chaos on the path)
+from chaos import free_port, get_json, post_json, wait_port  # noqa: E402  (reality put chaos on the path)
 
 MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 1024
@@ -273,13 +273,9 @@ def one_token_words(port, model_dir):
 
 
 def post(port, path, body, timeout=60):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    c.request("POST", path, json.dumps(body), {"content-type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    if r.status != 200:
-        raise SystemExit(f"{path}: {r.status} {data[:200]!r}")
+    status, data = post_json(port, path, body, timeout)
+    if status != 200:
+        raise SystemExit(f"{path}: {status} {data[:200]!r}")
     return json.loads(data)
 
 
@@ -343,18 +339,7 @@ def one(port, req, t0, results, idx):
 
 def replay(port, reqs):
     """Each request on its own thread at its arrival offset; returns the results in order."""
-    results, threads = [None] * len(reqs), []
-    t0 = time.monotonic() + 0.2
-    for i, req in enumerate(reqs):
-        delay = t0 + req[0] - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        th = threading.Thread(target=one, args=(port, req, t0, results, i), daemon=True)
-        th.start()
-        threads.append(th)
-    for th in threads:
-        th.join(timeout=900)
-    return results
+    return reality.replay(port, reqs, send=one, join_timeout=900)
 
 
 def idle_ttft(port, words, overhead, n=12):

@@ -480,7 +480,10 @@ class Monitor:
         return {"samples": len(self.samples), "queued_beside_room": len(misrouted)}
 
 
-def replay(port, reqs, before_start=None):
+def replay(port, reqs, before_start=None, send=None, join_timeout=600):
+    """Each request on its own thread at its arrival offset (`send`, default `one`, fills in
+    its result); returns the results in order."""
+    send = send or one
     results = [None] * len(reqs)
     threads = []
     if before_start:
@@ -490,11 +493,11 @@ def replay(port, reqs, before_start=None):
         delay = t0 + req[0] - time.monotonic()
         if delay > 0:
             time.sleep(delay)  # the workload's arrival schedule
-        th = threading.Thread(target=one, args=(port, req, t0, results, i), daemon=True)
+        th = threading.Thread(target=send, args=(port, req, t0, results, i), daemon=True)
         th.start()
         threads.append(th)
     for th in threads:
-        th.join(timeout=600)
+        th.join(timeout=join_timeout)
     return results
 
 
