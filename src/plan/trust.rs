@@ -34,10 +34,8 @@ pub struct Check<'a> {
 /// Add the findings on `curve` to `fit.warnings`.
 pub fn assess(fit: &mut FitSummary, curve: &Curve, c: &Check<'_>) {
     if fit.prompt_range.1 > 0.0 {
-        let p95 = percentile(
-            c.reqs.iter().map(|r| f64::from(r.prompt_tokens)).collect(),
-            0.95,
-        );
+        let prompts = c.reqs.iter().map(|r| f64::from(r.prompt_tokens)).collect();
+        let p95 = search::pct(&search::sorted(prompts), 95.0);
         if p95 > fit.prompt_range.1 * SLACK {
             fit.warnings.push(format!(
                 "the workload's prompts (p95 {p95:.0} tokens) are longer than the profile measured \
@@ -100,14 +98,6 @@ fn moved(t: &Timing, fit: &FitSummary, k: f64) -> Timing {
         decode_per_seq: shift(t.decode_per_seq, "decode_per_seq"),
         ..t.clone()
     }
-}
-
-fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 #[cfg(test)]
