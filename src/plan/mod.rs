@@ -275,8 +275,7 @@ pub fn plan(
             } => *recorded_servers,
             WorkloadSource::Described(_) => None,
         };
-        let infos: Vec<Result<EngineInfo, String>> =
-            engines.iter().map(|(e, _)| e.clone()).collect();
+        let infos: Vec<&Result<EngineInfo, String>> = engines.iter().map(|(e, _)| e).collect();
         selfcheck::check(input, &rec, over, &infos)
     });
     let searched: Vec<(Curve, Option<profile::FitSummary>)> = std::thread::scope(|s| {

@@ -126,7 +126,7 @@ pub enum NoSelfCheck {
 /// The candidates to check: every measured one whose profile gave an engine, else the first.
 fn chosen<'a>(
     input: &'a PlanInput,
-    engines: &'a [Result<EngineInfo, String>],
+    engines: &'a [&'a Result<EngineInfo, String>],
 ) -> Result<Vec<(&'a str, &'a Timing)>, NoSelfCheck> {
     let pairs = input.candidates.iter().zip(engines);
     let measured: Vec<_> = pairs
@@ -150,7 +150,7 @@ pub fn check(
     input: &PlanInput,
     recorded: &Recorded,
     servers_override: Option<usize>,
-    engines: &[Result<EngineInfo, String>],
+    engines: &[&Result<EngineInfo, String>],
 ) -> Result<SelfCheck, NoSelfCheck> {
     let (servers, servers_from) = match (servers_override, recorded.backends()) {
         (Some(n), _) => (n, FleetFrom::PlanFile),
@@ -295,7 +295,7 @@ decode_per_seq = "0ms"
                 _ => Err("not a timing candidate".to_string()),
             })
             .collect::<Vec<_>>();
-        check(&input, rec, over, &engines)
+        check(&input, rec, over, &engines.iter().collect::<Vec<_>>())
     }
 
     fn ratio(c: &Checked, figure: &str) -> f64 {
