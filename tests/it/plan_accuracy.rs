@@ -142,20 +142,48 @@ fn plan(seen: &[Seen], engines: usize) -> (Vec<f64>, Vec<f64>, usize) {
     (planned, real, queued)
 }
 
+/// Why a comparison failed: the real side slower than planned (which a busy machine alone can
+/// cause, so the comparison may be taken again) or faster (which it cannot).
+enum Miss {
+    RealSlower(String),
+    RealFaster(String),
+}
+
 /// Each percentile within its relative tolerance (+10 ms).
-fn assert_close(planned: &[f64], real: &[f64], tolerances: [(f64, f64); 3]) {
+fn compare(planned: &[f64], real: &[f64], tolerances: [(f64, f64); 3]) -> Result<(), Miss> {
     for (p, tol) in tolerances {
         let (v, r) = (pct(planned.to_vec(), p), pct(real.to_vec(), p));
-        assert!(
-            (v - r).abs() <= tol * r + 0.01,
-            "p{p} TTFT: planned {v:.4} s, real {r:.4} s"
-        );
+        let why = format!("p{p} TTFT: planned {v:.4} s, real {r:.4} s");
+        if v - r > tol * r + 0.01 {
+            return Err(Miss::RealFaster(why));
+        }
+        if r - v > tol * r + 0.01 {
+            return Err(Miss::RealSlower(why));
+        }
+    }
+    Ok(())
+}
+
+/// Run a wall-clock comparison up to three times. Contention from anything else on the machine
+/// only ever makes the real side slower, so a real side slower than planned is measured again
+/// on fresh simulators; a real side faster than planned, or slower three times in a row, fails.
+async fn with_retries<F, Fut>(what: &str, mut attempt: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), Miss>>,
+{
+    for n in 1..=3 {
+        match attempt().await {
+            Ok(()) => return,
+            Err(Miss::RealFaster(why)) => panic!("{what}: {why}"),
+            Err(Miss::RealSlower(why)) if n == 3 => panic!("{what}, three times: {why}"),
+            Err(Miss::RealSlower(why)) => eprintln!("{what}, attempt {n}: {why}; measuring again"),
+        }
     }
 }
 
-#[tokio::test]
-#[ignore = "a timing comparison: run alone (CI runs it after the suite; bench/README.md)"]
-async fn virtual_time_matches_the_real_time_simulator() {
+/// One live simulator, the requests planned on one engine.
+async fn against_the_simulator() -> Result<(), Miss> {
     let sim = start(SimKind::Vllm, &["m"], |c: SimConfig| {
         c.timing(comparison_timing())
             .output_tokens(1000, 1000)
@@ -169,7 +197,7 @@ async fn virtual_time_matches_the_real_time_simulator() {
         queued >= 10,
         "the workload must queue to test queueing ({queued} queued)"
     );
-    assert_close(&planned, &real, [(50.0, 0.2), (90.0, 0.2), (99.0, 0.2)]);
+    compare(&planned, &real, [(50.0, 0.2), (90.0, 0.2), (99.0, 0.2)])?;
     let mean_abs = planned
         .iter()
         .zip(&real)
@@ -177,17 +205,27 @@ async fn virtual_time_matches_the_real_time_simulator() {
         .sum::<f64>()
         / planned.len() as f64;
     let mean = real.iter().sum::<f64>() / real.len() as f64;
-    assert!(
-        mean_abs <= 0.2 * mean + 0.01,
-        "mean |planned − real| {mean_abs:.4} s of {mean:.4} s"
-    );
+    if mean_abs > 0.2 * mean + 0.01 {
+        let why = format!("mean |planned − real| {mean_abs:.4} s of {mean:.4} s");
+        let slower = real.iter().sum::<f64>() > planned.iter().sum::<f64>();
+        return Err(if slower {
+            Miss::RealSlower(why)
+        } else {
+            Miss::RealFaster(why)
+        });
+    }
+    Ok(())
 }
 
-/// Through the gateway: three live simulators behind `token-aware` routing, and the same
-/// requests planned on three engines routed by the same policy code.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 #[ignore = "a timing comparison: run alone (CI runs it after the suite; bench/README.md)"]
-async fn virtual_time_matches_a_gateway_in_front_of_a_live_fleet() {
+async fn virtual_time_matches_the_real_time_simulator() {
+    with_retries("one simulator", against_the_simulator).await;
+}
+
+/// Three live simulators behind `token-aware` routing, and the same requests planned on three
+/// engines routed by the same policy code.
+async fn through_the_gateway() -> Result<(), Miss> {
     let mut sims = Vec::new();
     let mut toml = format!("[routing]\npolicy = \"token-aware\"\n{FAST_HEALTH}");
     for i in 0..3 {
@@ -203,6 +241,7 @@ async fn virtual_time_matches_a_gateway_in_front_of_a_live_fleet() {
     let gw = TestGateway::start_healthy(&toml).await;
     // ~17 requests/s against ~20/s of capacity
     let seen = replay(&gw.url(""), 120, 120_000).await;
+    gw.stop().await;
     let (planned, real, _) = plan(&seen, 3);
     eprintln!(
         "gateway replay: p50 {:.4}/{:.4} s, p90 {:.4}/{:.4} s, p99 {:.4}/{:.4} s (planned/real)",
@@ -213,6 +252,12 @@ async fn virtual_time_matches_a_gateway_in_front_of_a_live_fleet() {
         pct(planned.clone(), 99.0),
         pct(real.clone(), 99.0)
     );
-    assert_close(&planned, &real, [(50.0, 0.2), (90.0, 0.2), (99.0, 0.2)]);
-    gw.stop().await;
+    compare(&planned, &real, [(50.0, 0.2), (90.0, 0.2), (99.0, 0.2)])
+}
+
+/// Through the gateway: the plan of the same requests on three engines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a timing comparison: run alone (CI runs it after the suite; bench/README.md)"]
+async fn virtual_time_matches_a_gateway_in_front_of_a_live_fleet() {
+    with_retries("through the gateway", through_the_gateway).await;
 }
