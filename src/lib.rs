@@ -6,7 +6,9 @@
 //! docs/architecture.md, enforced by `tests/it/layering.rs`).
 //!
 //! 1. [`telemetry`]: logs, metric names, the access record and request ids; [`batching`]: the
-//!    continuous-batching engine model without a clock (shared by [`sim`] and [`plan`]).
+//!    continuous-batching engine model without a clock (shared by [`sim`] and [`plan`]);
+//!    [`kvevents`]: vLLM's KV-cache events on the wire (subscribed to by [`fleet`], published by
+//!    [`sim`]).
 //! 2. [`rt`]: the current serving thread's index, the default number of serving threads.
 //! 3. [`tls`]: TLS material from plain inputs: CA bundles, server certificates, the backend
 //!    client config.
@@ -31,7 +33,7 @@
 //! 18. [`demo`]: `sluice demo`, a gateway in front of an embedded simulated fleet.
 //!
 //! Standalone: [`sim`], the backend simulator behind `sluice sim` and `sluice demo` (names
-//! only layer 1: [`telemetry`], [`batching`]).
+//! only layer 1: [`telemetry`], [`batching`], [`kvevents`]).
 //!
 //! The entry point for embedding and tests is [`run`] (in [`app`]): it serves a bound listener
 //! until the shutdown future resolves.
@@ -48,6 +50,7 @@ pub mod config;
 pub mod demo;
 pub mod fleet;
 pub mod gateway;
+pub mod kvevents;
 pub mod limits;
 pub mod openai;
 pub mod plan;
