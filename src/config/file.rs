@@ -320,8 +320,19 @@ pub struct BackendSection {
     pub max_concurrent: Option<u32>,
     /// Probe path override (openai kind; default `/v1/models`).
     pub health_path: Option<String>,
+    /// vLLM KV-cache events: `false` turns them off, a `tcp://host:port` string names the
+    /// publisher (default: asked of the engine's `GET /kv_event_sources`).
+    pub kv_events: Option<KvEventsSetting>,
     #[serde(default)]
     pub timeouts: TimeoutsSection,
+}
+
+/// `kv_events = false | true | "tcp://host:port"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum KvEventsSetting {
+    On(bool),
+    Endpoint(String),
 }
 
 #[derive(Debug, Deserialize)]

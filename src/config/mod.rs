@@ -15,7 +15,7 @@ pub mod validate;
 
 pub use runtime::{
     AdminConfig, BackendConfig, BackendKind, BackendTlsConfig, Config, HealthConfig, KeyConfig,
-    ModelConfig, PassTarget, PassthroughRule, PolicyKind, ReloadConfig, RoutingConfig,
+    KvEvents, ModelConfig, PassTarget, PassthroughRule, PolicyKind, ReloadConfig, RoutingConfig,
     ServerConfig, Timeouts, TlsConfig,
 };
 

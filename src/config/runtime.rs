@@ -392,7 +392,20 @@ pub struct BackendConfig {
     pub weight: u32,
     pub max_concurrent: Option<u32>,
     pub health_path: Option<String>,
+    /// Where its KV-cache events come from (vLLM only).
+    pub kv_events: KvEvents,
     pub timeouts: Timeouts,
+}
+
+/// Where a backend's KV-cache events come from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum KvEvents {
+    /// Ask the engine (`GET /kv_event_sources`); nothing when it publishes none.
+    #[default]
+    Discover,
+    /// This publisher endpoint (`tcp://host:port`).
+    Endpoint(String),
+    Off,
 }
 
 #[derive(Debug, Clone)]

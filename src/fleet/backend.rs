@@ -182,6 +182,7 @@ pub struct BackendState {
     speeds: Speeds,
     /// What the engine reports of its own timing, as windows (see [`super::timings`]).
     timings: super::timings::Timings,
+    kv: super::kv::KvCache,
     /// Bumped each time the backend enters a failed state ([`Health::failed`]): requests
     /// waiting for its response head select on it and are rescued elsewhere at once.
     withdrawals: tokio::sync::watch::Sender<u64>,
@@ -215,6 +216,7 @@ impl BackendState {
             waiting_seen_ms: AtomicU64::new(0),
             speeds: Speeds::default(),
             timings: Default::default(),
+            kv: Default::default(),
             withdrawals: tokio::sync::watch::Sender::new(0),
             last_answer_ms: AtomicU64::new(0),
         }
@@ -368,6 +370,11 @@ impl BackendState {
     /// Measured speeds (EWMAs); they change only through [`Speeds::observe`].
     pub fn speeds(&self) -> &Speeds {
         &self.speeds
+    }
+
+    /// What the engine holds in its prefix cache, from its KV events.
+    pub fn kv(&self) -> &super::kv::KvCache {
+        &self.kv
     }
 
     pub fn timings(&self) -> &super::timings::Timings {
@@ -708,6 +715,7 @@ mod tests {
                 weight: 1,
                 max_concurrent: None,
                 health_path: None,
+                kv_events: Default::default(),
                 timeouts: Timeouts::default(),
             },
             Arc::new(BackendState::new()),

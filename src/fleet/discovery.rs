@@ -42,6 +42,7 @@ pub fn members(
                 weight: d.weight,
                 max_concurrent: d.max_concurrent,
                 health_path: None,
+                kv_events: Default::default(),
                 timeouts,
             })
         })

@@ -90,10 +90,12 @@ impl Drop for HealthMonitor {
 fn spawn_probe(backend: Arc<Backend>, cfg: HealthConfig) -> JoinHandle<()> {
     // The engine's load signals are read by a loop of their own cadence in the same task, so
     // aborting the task stops both.
+    // So does the KV-event subscription (vLLM only; it returns at once for other kinds).
     let signals = super::signals::run(backend.clone(), cfg.clone());
+    let kv = super::kv::subscribe::run(backend.clone());
     let probe = probe_loop(backend, cfg);
     tokio::spawn(async move {
-        tokio::join!(probe, signals);
+        tokio::join!(probe, signals, kv);
     })
 }
 

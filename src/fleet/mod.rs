@@ -17,6 +17,7 @@
 //! - [`speed`]: measured EWMAs per backend (TTFT, prefill and decode speed) and per model.
 //! - [`timings`]: what each engine reports of its own timing, as windows between scrapes (the
 //!   live profile's input).
+//! - [`kv`]: what each vLLM engine holds in its prefix cache, from its KV-cache events.
 //! - [`tokenize`]: exact prompt token counts from a vLLM or TGI backend's tokenizer.
 //! - [`view`]: [`BackendView`], one serialisable snapshot of a backend for the operations
 //!   surfaces (`/admin/backends`, the dashboard, the per-backend gauges).
@@ -29,6 +30,7 @@ pub mod backend;
 pub mod clock;
 pub mod discovery;
 pub mod health;
+pub mod kv;
 pub mod load;
 pub mod prom;
 pub mod queue;

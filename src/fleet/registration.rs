@@ -98,6 +98,7 @@ impl RegisterRequest {
                 weight: self.weight.unwrap_or(1),
                 max_concurrent: self.max_concurrent,
                 health_path: self.health_path,
+                kv_events: Default::default(),
                 timeouts: config.backend_timeouts,
             },
             ttl,

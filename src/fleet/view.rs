@@ -116,6 +116,7 @@ mod tests {
             weight: 3,
             max_concurrent: Some(8),
             health_path: None,
+            kv_events: Default::default(),
             timeouts: Timeouts::default(),
         };
         Backend::new(cfg, Arc::new(BackendState::new()))

@@ -340,6 +340,7 @@ fn backend(i: usize, timing: &Timing) -> Backend {
         weight: 1,
         max_concurrent: None,
         health_path: None,
+        kv_events: Default::default(),
         timeouts: Timeouts::default(),
     };
     let state = Arc::new(BackendState::new());

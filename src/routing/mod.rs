@@ -347,6 +347,7 @@ mod tests {
                     weight: 1,
                     max_concurrent: None,
                     health_path: None,
+                    kv_events: Default::default(),
                     timeouts: Timeouts::default(),
                 };
                 (

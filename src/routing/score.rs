@@ -373,6 +373,7 @@ mod tests {
                 weight: 1,
                 max_concurrent,
                 health_path: None,
+                kv_events: Default::default(),
                 timeouts: Timeouts::default(),
             },
             Arc::new(BackendState::new()),

@@ -22,6 +22,19 @@ pub const BACKEND_REQUESTS_TOTAL: &str = "sluice_backend_requests_total";
 /// Exact prompt counts asked of a backend's tokenizer (`[routing] tokenize_above`), by
 /// `backend` (`-` when none could answer) and `outcome` (ok|error|timeout|no_backend).
 pub const TOKENIZE_REQUESTS_TOTAL: &str = "sluice_tokenize_requests_total";
+/// KV-event batches applied per `backend`.
+pub const KV_BATCHES_TOTAL: &str = "sluice_kv_event_batches_total";
+/// Blocks per `backend` and `change` (stored|removed|orphaned: stored with a parent the index
+/// does not hold, so not keyed).
+pub const KV_BLOCKS_TOTAL: &str = "sluice_kv_event_blocks_total";
+/// KV-event problems per `backend` and `kind` (gap|malformed|frames|overflow).
+pub const KV_EVENT_ERRORS_TOTAL: &str = "sluice_kv_event_errors_total";
+/// Prompt tokens the gateway expected cached on the chosen backend, and what the engine
+/// reported (`source` predicted|reported), per `backend`; only for answers that report it.
+pub const PREFIX_CACHED_TOKENS_TOTAL: &str = "sluice_prefix_cached_tokens_total";
+/// Answers whose engine-reported cached tokens the gateway predicted, per `backend` and
+/// `outcome` (exact|over|under).
+pub const PREFIX_PREDICTIONS_TOTAL: &str = "sluice_prefix_predictions_total";
 pub const BACKEND_INFLIGHT_REQUESTS: &str = "sluice_backend_inflight_requests";
 pub const BACKEND_INFLIGHT_TOKENS: &str = "sluice_backend_inflight_tokens";
 /// Requests sent to a `backend` whose first token has not come yet (pending prefill).
@@ -138,6 +151,60 @@ pub fn tokenize_request(backend: &str, outcome: &'static str) {
     HANDLES
         .handles([backend, outcome], || {
             metrics::counter!(TOKENIZE_REQUESTS_TOTAL, "backend" => backend.to_string(), "outcome" => outcome)
+        })
+        .increment(1);
+}
+
+/// Count one applied KV-event batch of `backend` and its blocks.
+pub fn kv_batch(backend: &str, stored: u32, removed: u32, orphaned: u32) {
+    static BATCHES: LazyLock<LabelCache<1, Counter>> = LazyLock::new(LabelCache::default);
+    static BLOCKS: LazyLock<LabelCache<2, Counter>> = LazyLock::new(LabelCache::default);
+    BATCHES
+        .handles(
+            [backend],
+            || metrics::counter!(KV_BATCHES_TOTAL, "backend" => backend.to_string()),
+        )
+        .increment(1);
+    for (change, n) in [
+        ("stored", stored),
+        ("removed", removed),
+        ("orphaned", orphaned),
+    ] {
+        if n > 0 {
+            BLOCKS
+                .handles([backend, change], || {
+                    metrics::counter!(KV_BLOCKS_TOTAL, "backend" => backend.to_string(), "change" => change)
+                })
+                .increment(u64::from(n));
+        }
+    }
+}
+
+/// Count one KV-event problem of `backend`.
+pub fn kv_event_error(backend: &str, kind: &'static str) {
+    metrics::counter!(KV_EVENT_ERRORS_TOTAL, "backend" => backend.to_string(), "kind" => kind)
+        .increment(1);
+}
+
+/// Count one answer's cached prompt tokens, predicted by the gateway and reported by the engine.
+pub fn prefix_prediction(backend: &str, predicted: u64, reported: u64) {
+    static TOKENS: LazyLock<LabelCache<2, Counter>> = LazyLock::new(LabelCache::default);
+    static OUTCOMES: LazyLock<LabelCache<2, Counter>> = LazyLock::new(LabelCache::default);
+    for (source, n) in [("predicted", predicted), ("reported", reported)] {
+        TOKENS
+            .handles([backend, source], || {
+                metrics::counter!(PREFIX_CACHED_TOKENS_TOTAL, "backend" => backend.to_string(), "source" => source)
+            })
+            .increment(n);
+    }
+    let outcome = match predicted.cmp(&reported) {
+        std::cmp::Ordering::Equal => "exact",
+        std::cmp::Ordering::Greater => "over",
+        std::cmp::Ordering::Less => "under",
+    };
+    OUTCOMES
+        .handles([backend, outcome], || {
+            metrics::counter!(PREFIX_PREDICTIONS_TOTAL, "backend" => backend.to_string(), "outcome" => outcome)
         })
         .increment(1);
 }

@@ -8,8 +8,10 @@ use http::Uri;
 
 use super::{at_least, duration, secret, unique_name, Problems};
 use crate::config::env::{expand, Env};
-use crate::config::file::{BackendSection, ModelSection, TimeoutsSection};
-use crate::config::runtime::{BackendConfig, BackendKind, ModelConfig, PolicyKind, Timeouts};
+use crate::config::file::{BackendSection, KvEventsSetting, ModelSection, TimeoutsSection};
+use crate::config::runtime::{
+    BackendConfig, BackendKind, KvEvents, ModelConfig, PolicyKind, Timeouts,
+};
 
 /// A `timeouts` table at `at`; unset entries from `base`.
 pub(super) fn timeouts(
@@ -121,7 +123,40 @@ fn backend(
         weight,
         max_concurrent: b.max_concurrent,
         health_path: b.health_path.clone(),
+        kv_events: kv_events(p, &format!("{at}.kv_events"), kind, &b.kv_events),
         timeouts: timeouts(p, &format!("{at}.timeouts"), &b.timeouts, base),
+    }
+}
+
+/// `kv_events`: only vLLM publishes them; an endpoint must be `tcp://host:port`.
+fn kv_events(
+    p: &mut Problems,
+    at: &str,
+    kind: BackendKind,
+    setting: &Option<KvEventsSetting>,
+) -> KvEvents {
+    let wanted = match setting {
+        None | Some(KvEventsSetting::On(true)) => KvEvents::Discover,
+        Some(KvEventsSetting::On(false)) => return KvEvents::Off,
+        Some(KvEventsSetting::Endpoint(e)) => {
+            let port = e
+                .strip_prefix("tcp://")
+                .and_then(|r| r.rsplit_once(':'))
+                .and_then(|(h, port)| (!h.is_empty()).then_some(port))
+                .and_then(|port| port.parse::<u16>().ok());
+            if port.is_none() {
+                p.push(at, format!("`{e}` is not a tcp://host:port endpoint"));
+            }
+            KvEvents::Endpoint(e.clone())
+        }
+    };
+    match (kind, &wanted) {
+        (BackendKind::Vllm, _) => wanted,
+        (_, KvEvents::Endpoint(_)) => {
+            p.push(at, "only vllm backends publish KV-cache events");
+            KvEvents::Off
+        }
+        _ => KvEvents::Off,
     }
 }
 
