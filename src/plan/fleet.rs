@@ -199,10 +199,11 @@ impl<'a> Sim<'a> {
             prefix_hash: r.prefix.map(|p| p.0),
             prompt_tokens: prompt,
             prefix_tokens: r.prefix.map_or(0, |p| u64::from(p.1)),
+            prompt: None,
         };
         let e = self
             .router
-            .pick(&self.config, self.policy, &self.backends, &[], input)
+            .pick(&self.config, self.policy, &self.backends, &[], &input)
             .unwrap_or(i % self.engines.len());
         let state = self.backends[e].0.state.clone();
         self.live[i].queued = would_queue(&self.backends[e].0, MODEL);

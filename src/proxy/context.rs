@@ -26,7 +26,7 @@ const ESTIMATE_SLACK: f64 = 0.1;
 pub(super) fn fit(
     resolved: &mut Resolved,
     max_tokens: Option<u64>,
-    input: RouteInput,
+    input: &RouteInput,
 ) -> Result<(), ApiError> {
     let output = max_tokens.unwrap_or(1).max(1);
     let need = input.prompt_tokens.saturating_add(output);
@@ -139,6 +139,7 @@ mod tests {
             prefix_hash: None,
             prompt_tokens: prompt,
             prefix_tokens: 0,
+            prompt: None,
         };
         (max_tokens, input)
     }
@@ -155,19 +156,19 @@ mod tests {
             candidate("unknown", "openai", None),
         ]);
         let (f, i) = request(5000, Some(100));
-        fit(&mut r, f, i).unwrap();
+        fit(&mut r, f, &i).unwrap();
         assert_eq!(names(&r), ["big", "unknown"]);
         // Everything fits: nothing is dropped; no max_tokens needs one token of room.
         let mut r = resolved(vec![candidate("small", "vllm", Some(4096))]);
         let (f, i) = request(4095, None);
-        fit(&mut r, f, i).unwrap();
+        fit(&mut r, f, &i).unwrap();
         assert_eq!(names(&r), ["small"]);
         // One token over: within the estimate's error, so the engine, counting exactly, decides.
         let (f, i) = request(4096, None);
-        fit(&mut r, f, i).unwrap();
+        fit(&mut r, f, &i).unwrap();
         assert_eq!(names(&r), ["small"]);
         let (f, i) = request(5000, None);
-        let err = fit(&mut r, f, i).unwrap_err();
+        let err = fit(&mut r, f, &i).unwrap_err();
         assert_eq!(err.status.as_u16(), 400);
         assert!(
             err.message.contains("has about 5000 input tokens"),
@@ -183,7 +184,7 @@ mod tests {
             candidate("b", "tgi", Some(8192)),
         ]);
         let (f, i) = request(20_000, Some(10));
-        let err = fit(&mut r, f, i).unwrap_err();
+        let err = fit(&mut r, f, &i).unwrap_err();
         assert_eq!(err.code.as_deref(), Some("400"));
         assert_eq!(err.kind, "BadRequestError");
         assert_eq!(
@@ -193,18 +194,18 @@ mod tests {
         );
         // Output beyond the window, and output beyond what the prompt leaves: vLLM's words.
         let (f, i) = request(10, Some(9000));
-        let err = fit(&mut r, f, i).unwrap_err();
+        let err = fit(&mut r, f, &i).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("max_tokens"));
         let want = "max_tokens=9000 cannot be greater than max_model_len=8192.";
         assert!(err.message.starts_with(want), "{}", err.message);
         let (f, i) = request(4000, Some(6000));
-        let err = fit(&mut r, f, i).unwrap_err();
+        let err = fit(&mut r, f, &i).unwrap_err();
         let want = "is too large: 6000. This model's maximum context length is 8192 tokens and \
                     your request has about 4000 input tokens (6000 > 8192 - 4000).";
         assert!(err.message.contains(want), "{}", err.message);
         // Within the estimate's error of the largest window: the engine decides.
         let (f, i) = request(8500, Some(10));
-        fit(&mut r, f, i).unwrap();
+        fit(&mut r, f, &i).unwrap();
         assert_eq!(names(&r), ["b"]);
         // Ollama truncates to its window: it stays, the others go.
         let mut r = resolved(vec![
@@ -212,7 +213,7 @@ mod tests {
             candidate("o", "ollama", Some(2048)),
         ]);
         let (f, i) = request(800_000, Some(10));
-        fit(&mut r, f, i).unwrap();
+        fit(&mut r, f, &i).unwrap();
         assert_eq!(names(&r), ["o"]);
     }
 }

@@ -124,7 +124,7 @@ async fn proxy(
             Some(claimed) => Ok(Some(claimed)),
             None => {
                 let tenant = &p.identity.tenant;
-                pick_or_wait(gw, config, p.policy, candidates, &tried, p.input, tenant).await
+                pick_or_wait(gw, config, p.policy, candidates, &tried, &p.input, tenant).await
             }
         };
         let claimed = match claimed {
@@ -216,7 +216,7 @@ async fn prepare(
     let policy = resolved.policy.unwrap_or(config.routing.policy);
     let shapes = gw.router.shapes.clone();
     let input = size(config, api, &shapes, &resolved, &fields, &body).await;
-    context::fit(&mut resolved, fields.max_tokens, input)?;
+    context::fit(&mut resolved, fields.max_tokens, &input)?;
     let permit = gw
         .limits
         .admit(&identity, &resolved.canonical, input.tokens)
@@ -404,6 +404,7 @@ async fn size(
         prefix_hash: fields.prefix_hash,
         prompt_tokens,
         prefix_tokens,
+        prompt: None,
     }
 }
 
@@ -559,7 +560,14 @@ fn hedge(
     {
         return None;
     }
-    let claimed = pick_and_claim(gw, config, p.policy, &p.resolved.candidates, tried, p.input)?;
+    let claimed = pick_and_claim(
+        gw,
+        config,
+        p.policy,
+        &p.resolved.candidates,
+        tried,
+        &p.input,
+    )?;
     metrics::counter!(m::HEDGES_TOTAL, "model" => p.resolved.canonical.clone()).increment(1);
     Some(claimed)
 }
@@ -687,7 +695,7 @@ fn continuer(
         fields: p.fields.clone(),
         candidates: p.resolved.candidates.clone(),
         policy: p.policy,
-        input: p.input,
+        input: p.input.clone(),
         tenant: p.identity.tenant.clone(),
         client_headers: p.client_headers.clone(),
         request_id: record.request_id.clone(),
@@ -1045,7 +1053,7 @@ fn pick_native(gw: &Gateway, config: &Config, p: &Prepared, tried: &[usize]) -> 
     if excluded.len() >= candidates.len() {
         return None;
     }
-    pick_and_claim(gw, config, p.policy, candidates, &excluded, p.input)
+    pick_and_claim(gw, config, p.policy, candidates, &excluded, &p.input)
 }
 
 /// The backend chosen for one attempt, with its slot already taken.
@@ -1069,14 +1077,15 @@ fn pick_and_claim(
     policy: crate::config::PolicyKind,
     candidates: &[(Arc<crate::fleet::Backend>, String)],
     tried: &[usize],
-    input: RouteInput,
+    input: &RouteInput,
 ) -> Option<Claimed> {
     for _ in 0..=candidates.len() {
         let idx = gw.router.pick(config, policy, candidates, tried, input)?;
         let (backend, backend_model) = &candidates[idx];
         let queued = crate::routing::score::would_queue(backend, backend_model);
         let cap = backend.cap();
-        let Some(guard) = LoadGuard::claim(backend.state.clone(), input.load(), cap) else {
+        let Some(guard) = LoadGuard::claim(backend.state.clone(), input.load_on(backend), cap)
+        else {
             continue;
         };
         let guard = if cap.is_some() {
@@ -1099,7 +1108,7 @@ async fn pick_or_wait(
     policy: crate::config::PolicyKind,
     candidates: &[(Arc<crate::fleet::Backend>, String)],
     tried: &[usize],
-    input: RouteInput,
+    input: &RouteInput,
     tenant: &str,
 ) -> Result<Option<Claimed>, ApiError> {
     use crate::fleet::queue::QueueError;

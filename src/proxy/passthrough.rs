@@ -103,12 +103,13 @@ async fn forward(
         prefix_hash: None,
         prompt_tokens: tokens,
         prefix_tokens: 0,
+        prompt: None,
     };
     let mut tried = Vec::new();
     let mut last: Option<ApiError> = None;
     for attempt_no in 0..config.routing.max_attempts {
         let policy = config.routing.policy;
-        let Some(claimed) = pick_and_claim(gw, config, policy, &target.candidates, &tried, input)
+        let Some(claimed) = pick_and_claim(gw, config, policy, &target.candidates, &tried, &input)
         else {
             break;
         };

@@ -104,7 +104,7 @@ impl<'a> Copy<'a> {
                     config,
                     &p.resolved.candidates,
                     claimed.idx,
-                    p.input,
+                    &p.input,
                     p.streaming,
                 )
             })
@@ -202,7 +202,7 @@ impl HangWatch {
         config: &Config,
         candidates: &[(Arc<Backend>, T)],
         idx: usize,
-        input: RouteInput,
+        input: &RouteInput,
         streaming: bool,
     ) -> Option<HangWatch> {
         let h = &config.health;
@@ -357,12 +357,13 @@ mod tests {
             prefix_hash: None,
             prompt_tokens: 1000,
             prefix_tokens: 0,
+            prompt: None,
         }
     }
 
     /// Seconds from now to the hang deadline of `candidates[idx]`.
     fn after(config: &Config, c: &[(Arc<Backend>, String)], idx: usize, stream: bool) -> f64 {
-        let w = HangWatch::new(config, c, idx, input(), stream).unwrap();
+        let w = HangWatch::new(config, c, idx, &input(), stream).unwrap();
         (w.at - tokio::time::Instant::now()).as_secs_f64()
     }
 
@@ -395,13 +396,13 @@ mod tests {
     async fn no_deadline_when_off_and_others_count_only_after_the_send() {
         let off = config("hang_factor = 0");
         let c = candidates(&off);
-        assert!(HangWatch::new(&off, &c, 0, input(), true).is_none());
+        assert!(HangWatch::new(&off, &c, 0, &input(), true).is_none());
         let on = config("");
         let c = candidates(&on);
         c[1].0.state.record_live_success();
         // (the clock has millisecond steps: the answer must be at a later millisecond)
         std::thread::sleep(Duration::from_millis(2));
-        let w = HangWatch::new(&on, &c, 0, input(), true).unwrap();
+        let w = HangWatch::new(&on, &c, 0, &input(), true).unwrap();
         assert!(
             !w.others_answering(),
             "an answer before the send does not count"

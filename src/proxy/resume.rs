@@ -190,7 +190,7 @@ impl Continuer {
             self.policy,
             &self.candidates,
             &tried,
-            self.input,
+            &self.input,
             &self.tenant,
         )
         .await

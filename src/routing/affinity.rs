@@ -41,6 +41,20 @@
 
 use super::score::{self, Breakdown};
 use crate::fleet::Backend;
+use crate::openai::request::Fnv64;
+
+/// Rendezvous (highest random weight) hash of `prefix` with each backend's name: the same on
+/// every replica, as it depends on nothing but the two.
+pub fn rendezvous_rank(prefix: u64, name: &str) -> u64 {
+    let mut h = Fnv64::new();
+    h.write(&prefix.to_le_bytes());
+    h.write(name.as_bytes());
+    // FNV's low bits are weak for short inputs; finish with a 64-bit mix (splitmix64).
+    let mut z = h.finish().wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
 
 /// Weight steps per doubling of capacity.
 pub const STEPS_PER_OCTAVE: f64 = 4.0;
@@ -150,9 +164,9 @@ pub fn home_weights(backends: &[&Backend]) -> Vec<f64> {
 }
 
 /// Weighted rendezvous score of `prefix` on the backend `name` of `weight`: `−w / ln(h)`, `h`
-/// uniform in (0, 1) from [`super::rendezvous_rank`]. Positive and finite for a positive weight.
+/// uniform in (0, 1) from [`rendezvous_rank`]. Positive and finite for a positive weight.
 pub fn weighted_rank(prefix: u64, name: &str, weight: f64) -> f64 {
-    let h = ((super::rendezvous_rank(prefix, name) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    let h = ((rendezvous_rank(prefix, name) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
     -weight.max(f64::MIN_POSITIVE) / h.ln()
 }
 

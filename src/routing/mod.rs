@@ -10,78 +10,35 @@
 //! probability of its current share ([`crate::fleet::BackendState::slow_start_share`]), so its
 //! traffic ramps up whatever the policy.
 //!
-//! Policies:
-//! - `round-robin`: the next candidate in turn.
-//! - `least-request`: fewest in-flight requests per unit of weight.
-//! - `token-aware` (default): the lowest expected time to finish this request, from the
-//!   engine's queue, the gateway's tokens in flight and the measured speeds (see [`score`]);
-//!   a full scan up to `routing.p2c_above` eligible backends, power of two choices above.
-//! - `prefix-affinity`: weighted rendezvous hashing of the conversation prefix (weights: the
-//!   backends' learned capacity), so repeated prefixes land where their KV cache is warm, each
-//!   backend homing prefixes in proportion to what it delivers; a request leaves its home only
-//!   when staying would really hurt (it would queue there while another backend has room, or
-//!   its expected TTFT or time is far worse), and a hot prefix cannot swamp a backend (see
-//!   [`affinity`]).
+//! Policies, one file each under [`policy`] behind the [`policy::Policy`] trait:
+//! `round-robin`, `least-request`, `token-aware` (the default: the lowest expected time to
+//! finish, with each backend's exact cached prefix where its engine reports its KV cache, see
+//! [`RouteInput::cached_on`]) and `prefix-affinity` (weighted rendezvous homes, see
+//! [`affinity`]).
 //!
 //! Whatever the policy, an Ollama node known to have the model loaded is preferred over one
 //! known to have it cold (a model load costs seconds), and each decision is counted in
 //! `sluice_routing_decisions_total{policy,backend}`.
 
 pub mod affinity;
+mod input;
+pub mod policy;
 pub mod score;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::config::{Config, PolicyKind};
 use crate::fleet::speed::ModelShapes;
 use crate::fleet::{clock, Backend};
-use crate::openai::request::Fnv64;
-
-/// What routing knows about the request.
-#[derive(Debug, Clone, Copy)]
-pub struct RouteInput {
-    /// Prompt plus expected output tokens.
-    pub tokens: u64,
-    pub prefix_hash: Option<u64>,
-    /// The prompt's share of `tokens` (the rest is expected output).
-    pub prompt_tokens: u64,
-    /// The share of `prompt_tokens` that `prefix_hash` stands for (what a backend holding the
-    /// prefix in its cache does not prefill again).
-    pub prefix_tokens: u64,
-}
-
-impl RouteInput {
-    /// What the request puts on the backend it is sent to (see [`crate::fleet::LoadGuard`]).
-    pub fn load(&self) -> crate::fleet::Load {
-        crate::fleet::Load::new(self.tokens, self.prompt_tokens)
-    }
-
-    /// The request as a backend without its prefix cached sees it.
-    fn score_request(&self) -> score::Request {
-        score::Request {
-            prompt_tokens: self.prompt_tokens.min(self.tokens),
-            output_tokens: self.tokens.saturating_sub(self.prompt_tokens),
-        }
-    }
-
-    /// The request as a backend with its prefix cached sees it: only the rest of the prompt
-    /// (at least one token, as engines recompute the last one) is prefilled.
-    fn warm_request(&self) -> score::Request {
-        let cold = self.score_request();
-        let prefix = self.prefix_tokens.min(cold.prompt_tokens.saturating_sub(1));
-        score::Request {
-            prompt_tokens: cold.prompt_tokens - prefix,
-            output_tokens: cold.output_tokens,
-        }
-    }
-}
+pub use affinity::rendezvous_rank;
+pub use input::RouteInput;
+use policy::{Pick, Policies};
 
 /// Routing state shared by all requests. It holds no configuration: each pick reads the
 /// request's config snapshot.
 #[derive(Debug)]
 pub struct Router {
-    cursor: AtomicUsize,
+    policies: Policies,
     /// Learned per-model request shapes (output length, prompt estimate correction).
     pub shapes: Arc<ModelShapes>,
 }
@@ -89,7 +46,7 @@ pub struct Router {
 impl Default for Router {
     fn default() -> Self {
         Router {
-            cursor: AtomicUsize::new(0),
+            policies: Policies::default(),
             shapes: Arc::new(ModelShapes::new()),
         }
     }
@@ -117,7 +74,7 @@ impl Router {
         policy: PolicyKind,
         candidates: &[(Arc<Backend>, T)],
         tried: &[usize],
-        input: RouteInput,
+        input: &RouteInput,
     ) -> Option<usize> {
         let mut eligible: Vec<usize> = (0..candidates.len())
             .filter(|i| {
@@ -159,25 +116,15 @@ impl Router {
             pool.retain(|i| warm(i) != Some(false));
         }
         let backends: Vec<&Backend> = pool.iter().map(|i| candidates[*i].0.as_ref()).collect();
-        // Two at least: power of two choices needs two to compare.
-        let p2c_above = config.routing.p2c_above.max(2);
-        let chosen = match policy {
-            PolicyKind::RoundRobin => self.cursor.fetch_add(1, Ordering::Relaxed) % pool.len(),
-            PolicyKind::LeastRequest => {
-                argmin(&backends, |b| load_of(b) / f64::from(b.config.weight))
-            }
-            PolicyKind::TokenAware => {
-                let models: Vec<&str> = pool.iter().map(|i| candidates[*i].1.as_ref()).collect();
-                token_aware(&backends, &models, input, p2c_above)
-            }
-            PolicyKind::PrefixAffinity => {
-                let models: Vec<&str> = pool.iter().map(|i| candidates[*i].1.as_ref()).collect();
-                match input.prefix_hash {
-                    Some(h) => prefix_affinity(&backends, &models, h, input, p2c_above),
-                    None => token_aware(&backends, &models, input, p2c_above),
-                }
-            }
+        let models: Vec<&str> = pool.iter().map(|i| candidates[*i].1.as_ref()).collect();
+        let pick = Pick {
+            backends: &backends,
+            models: &models,
+            input,
+            // Two at least: power of two choices needs two to compare.
+            p2c_above: config.routing.p2c_above.max(2),
         };
+        let chosen = self.policies.get(policy).choose(&pick);
         let picked = pool[chosen];
         crate::telemetry::metrics::routing_decision(policy.as_str(), candidates[picked].0.name());
         Some(picked)
@@ -190,7 +137,7 @@ impl Router {
 pub fn expected_head_seconds<T: AsRef<str>>(
     candidates: &[(Arc<Backend>, T)],
     idx: usize,
-    input: RouteInput,
+    input: &RouteInput,
     streaming: bool,
 ) -> f64 {
     let Some((backend, model)) = candidates.get(idx) else {
@@ -200,7 +147,7 @@ pub fn expected_head_seconds<T: AsRef<str>>(
     let b = score::breakdown(
         backend,
         model.as_ref(),
-        input.score_request(),
+        input.request_on(backend),
         score::Prior::of(&all),
     );
     let secs = if streaming {
@@ -213,106 +160,6 @@ pub fn expected_head_seconds<T: AsRef<str>>(
     } else {
         f64::MAX
     }
-}
-
-/// The backend expected to finish this request soonest: all of them scored up to `p2c_above`,
-/// two random ones above.
-fn token_aware(
-    backends: &[&Backend],
-    models: &[&str],
-    input: RouteInput,
-    p2c_above: usize,
-) -> usize {
-    let prior = score::Prior::of(backends);
-    let req = input.score_request();
-    let score_of = |i: usize| score::breakdown(backends[i], models[i], req, prior).score;
-    let n = backends.len();
-    if n > p2c_above {
-        let a = clock::below(n);
-        let b = (a + 1 + clock::below(n - 1)) % n;
-        return if score_of(b) < score_of(a) { b } else { a };
-    }
-    let offset = clock::below(n);
-    let mut best = offset;
-    let mut best_score = f64::INFINITY;
-    for k in 0..n {
-        let i = (offset + k) % n;
-        let s = score_of(i);
-        if s < best_score {
-            best = i;
-            best_score = s;
-        }
-    }
-    best
-}
-
-fn load_of(b: &Backend) -> f64 {
-    b.state.inflight_requests() as f64
-}
-
-/// Index of the smallest score; ties go to the earliest, rotated by a cheap per-call offset so
-/// equal backends share the load.
-fn argmin(backends: &[&Backend], score: impl Fn(&Backend) -> f64) -> usize {
-    static TIE: AtomicUsize = AtomicUsize::new(0);
-    let n = backends.len();
-    let offset = TIE.fetch_add(1, Ordering::Relaxed) % n;
-    let mut best = offset;
-    let mut best_score = f64::INFINITY;
-    for k in 0..n {
-        let i = (offset + k) % n;
-        let s = score(backends[i]);
-        if s < best_score {
-            best = i;
-            best_score = s;
-        }
-    }
-    best
-}
-
-/// Rendezvous (highest random weight) hash of `prefix` with each backend's name.
-pub fn rendezvous_rank(prefix: u64, name: &str) -> u64 {
-    let mut h = Fnv64::new();
-    h.write(&prefix.to_le_bytes());
-    h.write(name.as_bytes());
-    // FNV's low bits are weak for short inputs; finish with a 64-bit mix (splitmix64).
-    let mut z = h.finish().wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// Weighted rendezvous order of `prefix` (weights: the candidates' learned capacity, see
-/// [`affinity`]); the first backend in that order that passes the guards
-/// ([`affinity::overloaded`], [`affinity::too_slow`]: scored with its prefix warm against
-/// every candidate scored cold), else token-aware. Scoring the home cold as well would
-/// reject it whenever another backend prefills faster, and the choice would flip with load,
-/// scattering the prefix.
-fn prefix_affinity(
-    backends: &[&Backend],
-    models: &[&str],
-    prefix: u64,
-    input: RouteInput,
-    p2c_above: usize,
-) -> usize {
-    let weights = affinity::home_weights(backends);
-    let names: Vec<&str> = backends.iter().map(|b| b.name()).collect();
-    let order = affinity::home_order(&names, &weights, prefix);
-    let prior = score::Prior::of(backends);
-    let cold = input.score_request();
-    let warm = input.warm_request();
-    let cold: Vec<score::Breakdown> = (0..backends.len())
-        .map(|i| score::breakdown(backends[i], models[i], cold, prior))
-        .collect();
-    for i in order {
-        if affinity::overloaded(&cold, i) {
-            continue;
-        }
-        let warm = score::breakdown(backends[i], models[i], warm, prior);
-        if !affinity::too_slow(&warm, &cold) {
-            return i;
-        }
-    }
-    token_aware(backends, models, input, p2c_above)
 }
 
 #[cfg(test)]
@@ -358,11 +205,12 @@ mod tests {
             .collect()
     }
 
-    const INPUT: RouteInput = RouteInput {
+    static INPUT: RouteInput = RouteInput {
         tokens: 100,
         prefix_hash: None,
         prompt_tokens: 50,
         prefix_tokens: 0,
+        prompt: None,
     };
 
     #[test]
@@ -371,7 +219,7 @@ mod tests {
         let r = Router::new();
         let picks: Vec<_> = (0..6)
             .map(|_| {
-                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[], INPUT)
+                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[], &INPUT)
                     .unwrap()
             })
             .collect();
@@ -379,12 +227,12 @@ mod tests {
         c[1].0.state.set_health(Health::Down);
         for _ in 0..4 {
             assert_ne!(
-                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[0], INPUT),
+                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[0], &INPUT),
                 Some(1)
             );
         }
         assert_eq!(
-            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[0, 2], INPUT),
+            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[0, 2], &INPUT),
             None
         );
     }
@@ -399,19 +247,19 @@ mod tests {
         let g = LoadGuard::new(c[0].0.state.clone(), 1);
         for _ in 0..4 {
             assert_eq!(
-                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[], INPUT),
+                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[], &INPUT),
                 Some(1)
             );
         }
         assert!(Router::saturated(&c, &[1]));
         assert_eq!(
-            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[1], INPUT),
+            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[1], &INPUT),
             None
         );
         drop(g);
         assert!(!Router::saturated(&c, &[1]));
         assert_eq!(
-            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[1], INPUT),
+            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[1], &INPUT),
             Some(0)
         );
     }
@@ -426,14 +274,14 @@ mod tests {
             .record_admission(crate::fleet::backend::monotonic_ms());
         let n = 2000;
         let to_new = (0..n)
-            .filter(|_| r.pick(&slow, PolicyKind::RoundRobin, &c, &[], INPUT) == Some(0))
+            .filter(|_| r.pick(&slow, PolicyKind::RoundRobin, &c, &[], &INPUT) == Some(0))
             .count();
         // fair share is 1/2; at the start of its ramp it gets about 10% of that
         let share = to_new as f64 / n as f64;
         assert!(share < 0.15, "share {share}");
         // alone, it still gets everything
         assert_eq!(
-            r.pick(&slow, PolicyKind::RoundRobin, &c, &[1], INPUT),
+            r.pick(&slow, PolicyKind::RoundRobin, &c, &[1], &INPUT),
             Some(0)
         );
     }
@@ -449,7 +297,7 @@ mod tests {
         let share = |cfg: &Config| {
             let n = 2000;
             let to_new = (0..n)
-                .filter(|_| r.pick(cfg, PolicyKind::RoundRobin, &c, &[], INPUT) == Some(0))
+                .filter(|_| r.pick(cfg, PolicyKind::RoundRobin, &c, &[], &INPUT) == Some(0))
                 .count();
             to_new as f64 / n as f64
         };
@@ -469,7 +317,7 @@ mod tests {
         let r = Router::new();
         let picks_of_idle = |cfg: &Config| {
             (0..400)
-                .filter(|_| r.pick(cfg, PolicyKind::TokenAware, &c, &[], INPUT) == Some(0))
+                .filter(|_| r.pick(cfg, PolicyKind::TokenAware, &c, &[], &INPUT) == Some(0))
                 .count()
         };
         // a full scan always finds the idle backend
@@ -487,12 +335,12 @@ mod tests {
         let r = Router::new();
         for _ in 0..4 {
             assert_eq!(
-                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[], INPUT),
+                r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[], &INPUT),
                 Some(1)
             );
         }
         assert_eq!(
-            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[1], INPUT),
+            r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[1], &INPUT),
             Some(0)
         );
     }
@@ -506,12 +354,12 @@ mod tests {
             .collect::<Vec<_>>();
         let r = Router::new();
         assert_eq!(
-            r.pick(&SNAPSHOT, PolicyKind::TokenAware, &c, &[], INPUT),
+            r.pick(&SNAPSHOT, PolicyKind::TokenAware, &c, &[], &INPUT),
             Some(1)
         );
         // least-request counts requests, not tokens, and picks the other one
         assert_eq!(
-            r.pick(&SNAPSHOT, PolicyKind::LeastRequest, &c, &[], INPUT),
+            r.pick(&SNAPSHOT, PolicyKind::LeastRequest, &c, &[], &INPUT),
             Some(0)
         );
     }
@@ -533,13 +381,14 @@ mod tests {
             prefix_hash: Some(h),
             prompt_tokens: 5,
             prefix_tokens: 4,
+            prompt: None,
         };
         let first = r
-            .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input(42))
+            .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], &input(42))
             .unwrap();
         for _ in 0..5 {
             assert_eq!(
-                r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input(42)),
+                r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], &input(42)),
                 Some(first)
             );
         }
@@ -548,7 +397,7 @@ mod tests {
             .map(|_| LoadGuard::new(c[first].0.state.clone(), 10))
             .collect();
         assert_ne!(
-            r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input(42)),
+            r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], &input(42)),
             Some(first)
         );
         drop(_g);
@@ -561,10 +410,10 @@ mod tests {
         let mut moved = 0;
         for k in 0..keys {
             let a = r
-                .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &five, &[], input(k))
+                .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &five, &[], &input(k))
                 .unwrap();
             let b = r
-                .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &four, &[], input(k))
+                .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &four, &[], &input(k))
                 .unwrap();
             if a != b {
                 moved += 1;
@@ -605,6 +454,7 @@ mod tests {
             prefix_hash: Some(prefix),
             prompt_tokens: 1600,
             prefix_tokens: 1500,
+            prompt: None,
         }
     }
 
@@ -621,17 +471,17 @@ mod tests {
         let input = shared_prompt(prefix);
         for _ in 0..4 {
             assert_eq!(
-                r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input),
+                r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], &input),
                 Some(target)
             );
         }
         // without a prefix to reuse (all of the prompt is new) the faster backend wins
         let no_reuse = RouteInput {
             prefix_tokens: 0,
-            ..input
+            ..input.clone()
         };
         assert_eq!(
-            r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], no_reuse),
+            r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], &no_reuse),
             Some(other)
         );
     }
@@ -668,14 +518,14 @@ mod tests {
             .collect();
         for _ in 0..4 {
             assert_eq!(
-                r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input),
+                r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], &input),
                 Some(target)
             );
         }
         // a deep queue of long answers: it leaves
         guards.extend((0..31).map(|_| LoadGuard::new(c[target].0.state.clone(), 2000)));
         assert_ne!(
-            r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], input),
+            r.pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], &input),
             Some(target)
         );
     }
@@ -695,7 +545,7 @@ mod tests {
                     PolicyKind::PrefixAffinity,
                     &c,
                     &[],
-                    shared_prompt(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                    &shared_prompt(k.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
                 ) == Some(0)
             })
             .count();

@@ -1,0 +1,83 @@
+//! What routing knows about a request ([`RouteInput`]): its size, its prefix fingerprint and,
+//! when the model has a tokenizer and some engine reports its cache, its token ids, so each
+//! backend's exact cached prefix can be looked up.
+
+use std::sync::Arc;
+
+use super::score;
+use crate::fleet::kv::Prompt;
+use crate::fleet::Backend;
+
+/// What routing knows about the request.
+#[derive(Debug, Clone, Default)]
+pub struct RouteInput {
+    /// Prompt plus expected output tokens.
+    pub tokens: u64,
+    pub prefix_hash: Option<u64>,
+    /// The prompt's share of `tokens` (the rest is expected output).
+    pub prompt_tokens: u64,
+    /// The share of `prompt_tokens` that `prefix_hash` stands for (what a backend holding the
+    /// prefix in its cache does not prefill again).
+    pub prefix_tokens: u64,
+    /// The prompt's token ids as the engine will compute them (`None`: no tokenizer, or no
+    /// engine of the model reports its cache).
+    pub prompt: Option<Arc<Prompt>>,
+}
+
+impl RouteInput {
+    /// What the request puts on the backend it is sent to (see [`crate::fleet::LoadGuard`]):
+    /// the prompt tokens that backend must still prefill.
+    pub fn load_on(&self, b: &Backend) -> crate::fleet::Load {
+        let cached = self.cached_on(b).unwrap_or(0);
+        crate::fleet::Load::new(
+            self.tokens.saturating_sub(cached),
+            self.prompt_tokens.saturating_sub(cached),
+        )
+    }
+
+    /// What the request puts on a backend, its whole prompt counted as prefill.
+    pub fn load(&self) -> crate::fleet::Load {
+        crate::fleet::Load::new(self.tokens, self.prompt_tokens)
+    }
+
+    /// Prompt tokens `b` holds in its cache by its KV events (at most the prompt less one
+    /// token: engines recompute the last one); `None` when it reports nothing live or the
+    /// request has no token ids.
+    pub fn cached_on(&self, b: &Backend) -> Option<u64> {
+        let prompt = self.prompt.as_ref()?;
+        let cached = b.state.kv().cached_tokens(prompt)?;
+        Some(cached.min(self.prompt_tokens.saturating_sub(1)))
+    }
+
+    /// The request as a backend without its prefix cached sees it.
+    pub(super) fn score_request(&self) -> score::Request {
+        score::Request {
+            prompt_tokens: self.prompt_tokens.min(self.tokens),
+            output_tokens: self.tokens.saturating_sub(self.prompt_tokens),
+        }
+    }
+
+    /// The request as `b` sees it: only what it has not cached is prefilled (exact from its
+    /// KV events; otherwise the whole prompt).
+    pub(super) fn request_on(&self, b: &Backend) -> score::Request {
+        let cold = self.score_request();
+        match self.cached_on(b) {
+            Some(c) => score::Request {
+                prompt_tokens: cold.prompt_tokens - c.min(cold.prompt_tokens),
+                output_tokens: cold.output_tokens,
+            },
+            None => cold,
+        }
+    }
+
+    /// The request as a backend with its prefix cached sees it: only the rest of the prompt
+    /// (at least one token, as engines recompute the last one) is prefilled.
+    pub(super) fn warm_request(&self) -> score::Request {
+        let cold = self.score_request();
+        let prefix = self.prefix_tokens.min(cold.prompt_tokens.saturating_sub(1));
+        score::Request {
+            prompt_tokens: cold.prompt_tokens - prefix,
+            output_tokens: cold.output_tokens,
+        }
+    }
+}
