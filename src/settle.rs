@@ -85,6 +85,7 @@ impl Settle {
             self.usage = Some(Usage {
                 prompt_tokens: self.prompt_estimate,
                 completion_tokens: self.streamed_tokens,
+                cached_tokens: None,
             });
             self.record.usage_estimated = true;
         }

@@ -98,6 +98,7 @@ pub fn joined_usage(t: &Transcript, cont: Usage) -> Usage {
             .prompt_tokens
             .unwrap_or_else(|| cont.prompt_tokens.saturating_sub(t.tokens)),
         completion_tokens: cont.completion_tokens + t.tokens,
+        cached_tokens: None,
     }
 }
 
@@ -685,12 +686,14 @@ mod tests {
             Usage {
                 prompt_tokens: 12,
                 completion_tokens: 3,
+                cached_tokens: None,
             },
         );
         assert_eq!(
             joined,
             Usage {
                 prompt_tokens: 10,
+                cached_tokens: None,
                 completion_tokens: 5
             }
         );

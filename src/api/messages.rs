@@ -146,6 +146,8 @@ struct AnthropicUsage {
     input_tokens: Option<u64>,
     #[serde(default)]
     output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
 }
 
 impl AnthropicUsage {
@@ -153,6 +155,7 @@ impl AnthropicUsage {
         Usage {
             prompt_tokens: self.input_tokens.unwrap_or(0),
             completion_tokens: self.output_tokens.unwrap_or(0),
+            cached_tokens: self.cache_read_input_tokens,
         }
     }
 }
@@ -392,6 +395,7 @@ mod tests {
             s.usage,
             Some(Usage {
                 prompt_tokens: 10,
+                cached_tokens: None,
                 completion_tokens: 6
             })
         );

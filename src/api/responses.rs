@@ -129,6 +129,12 @@ struct UsageLite {
     input_tokens: u64,
     #[serde(default)]
     output_tokens: u64,
+    #[serde(
+        default,
+        rename = "input_tokens_details",
+        deserialize_with = "crate::openai::usage::cached"
+    )]
+    cached_tokens: Option<u64>,
 }
 
 impl From<UsageLite> for Usage {
@@ -136,6 +142,7 @@ impl From<UsageLite> for Usage {
         Usage {
             prompt_tokens: u.input_tokens,
             completion_tokens: u.output_tokens,
+            cached_tokens: u.cached_tokens,
         }
     }
 }

@@ -196,6 +196,7 @@ mod tests {
             s.usage,
             Some(Usage {
                 prompt_tokens: 10,
+                cached_tokens: None,
                 completion_tokens: 6
             })
         );

@@ -189,6 +189,7 @@ mod tests {
             Some(Usage {
                 prompt_tokens: p,
                 completion_tokens: c,
+                cached_tokens: None,
             })
         };
         b.record("a", "team", "m", "gpu-1", u(3, 4));

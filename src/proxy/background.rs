@@ -224,6 +224,7 @@ mod tests {
         let u = Usage {
             prompt_tokens: 5,
             completion_tokens: 30,
+            cached_tokens: None,
         };
         let p = Pending {
             hook: Some(hook),

@@ -739,6 +739,9 @@ async fn respond(
         if let Ok(v) = HeaderValue::from_str(backend.name()) {
             out_headers.insert("x-sluice-backend", v);
         }
+        if let Some(c) = claimed.cached {
+            out_headers.insert("x-sluice-cached-prefix", HeaderValue::from(c));
+        }
     }
     let edits = match answer.reply {
         // The translation writes the client's shape: model name, ids and finish included.
@@ -811,6 +814,9 @@ fn settlement(
     record: &mut AccessRecord,
 ) -> Settle {
     let mut settle = Settle::new(take_record(record));
+    if let Some(predicted) = claimed.cached {
+        settle.hooks.push(prediction_hook(backend.name(), predicted));
+    }
     settle.guard = Some(claimed.guard);
     settle.prompt_estimate = p.fields.prompt_tokens_estimate;
     if let Some(permit) = permit {
@@ -840,6 +846,17 @@ fn settlement(
             .push(trace_hook(p, trace.clone(), backend.name()));
     }
     settle
+}
+
+/// Count the cached prompt tokens routing expected on the backend against what its engine
+/// reported (answers that report none are not counted).
+fn prediction_hook(backend: &str, predicted: u64) -> SettleHook {
+    let backend = backend.to_string();
+    Box::new(move |o: &Outcome| {
+        if let Some(reported) = o.usage.and_then(|u| u.cached_tokens) {
+            m::prefix_prediction(&backend, predicted, reported);
+        }
+    })
 }
 
 /// The trace line of an answered request: counts, the prefix fingerprint, the backend and the
@@ -875,7 +892,7 @@ fn trace_hook(
             api,
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
-            cached_tokens: 0,
+            cached_tokens: u.cached_tokens.unwrap_or(0),
             prefix: prefix.clone(),
             prefix_tokens: if prefix.is_some() { prefix_tokens } else { 0 },
             max_tokens,
@@ -1065,6 +1082,8 @@ struct Claimed {
     /// Whether the request will queue inside the engine: its TTFT then says little about the
     /// backend's prefill speed.
     queued: bool,
+    /// Prompt tokens the backend held in its cache when it was chosen, by its KV events.
+    cached: Option<u64>,
 }
 
 /// Route, then take the chosen backend's slot. Routing reads the counters without holding
@@ -1093,7 +1112,13 @@ fn pick_and_claim(
         } else {
             guard
         };
-        return Some(Claimed { idx, guard, queued });
+        let cached = input.cached_on(backend);
+        return Some(Claimed {
+            idx,
+            guard,
+            queued,
+            cached,
+        });
     }
     None
 }

@@ -606,6 +606,7 @@ mod tests {
             usage: Some(Usage {
                 prompt_tokens: 50,
                 completion_tokens: 49,
+                cached_tokens: None,
             }),
             complete: true,
             ttft: Some(Duration::from_secs(7)),
@@ -880,6 +881,7 @@ mod seam_tests {
             usage,
             Some(Usage {
                 prompt_tokens: 10,
+                cached_tokens: None,
                 completion_tokens: 6
             })
         );

@@ -391,6 +391,7 @@ mod tests {
         let joined = Usage {
             prompt_tokens: 12,
             completion_tokens: 3,
+            cached_tokens: None,
         };
         let Rewritten::Events(out) = c.rewrite(usage, &mut t, Some(joined)) else {
             panic!("no events")

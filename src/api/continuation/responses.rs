@@ -638,6 +638,7 @@ mod tests {
         let joined = Usage {
             prompt_tokens: 12,
             completion_tokens: 4,
+            cached_tokens: None,
         };
         let Rewritten::Events(out) = c.rewrite(usage, &mut t, Some(joined)) else {
             panic!("no events")
