@@ -46,6 +46,8 @@ pub struct BackendView {
     /// Context window per model, by the backend's model name, as the engine reported it
     /// (vLLM `max_model_len`, TGI `max_total_tokens`, Ollama's loaded `context_length`).
     pub context_lengths: std::collections::BTreeMap<String, u64>,
+    /// What its KV-cache events tell (vLLM; `status: "off"` for the rest).
+    pub kv_cache: super::kv::KvView,
     #[serde(skip)]
     pub health: Health,
     #[serde(skip)]
@@ -89,6 +91,7 @@ impl Backend {
             state_for_ms: now.saturating_sub(t.last_change_ms),
             last_probe_ms_ago: (t.last_probe_ms > 0).then(|| now.saturating_sub(t.last_probe_ms)),
             context_lengths: (*s.context_lengths()).clone(),
+            kv_cache: s.kv().view(),
             health,
             draining: s.is_draining(),
             pending_prefill_requests: s.pending_prefill_requests(),
@@ -149,6 +152,7 @@ mod tests {
         "state_for_ms",
         "last_probe_ms_ago",
         "context_lengths",
+        "kv_cache",
     ];
 
     #[test]
@@ -185,6 +189,18 @@ mod tests {
         assert_eq!(v["engine_waiting"], 5);
         assert_eq!(v["last_probe_ms_ago"], serde_json::Value::Null);
         assert!(v["skipped_for_ms"].as_u64().is_some_and(|ms| ms <= 250));
+        assert_eq!(v["kv_cache"]["status"], "off");
+        b.state.kv().record_prediction(128, 128);
+        b.state.kv().record_prediction(0, 128);
+        let v = serde_json::to_value(b.view(Duration::ZERO)).unwrap();
+        assert_eq!(
+            (
+                &v["kv_cache"]["predictions"],
+                &v["kv_cache"]["predictions_exact"]
+            ),
+            (&serde_json::json!(2), &serde_json::json!(1))
+        );
+        assert_eq!(v["kv_cache"]["reported_tokens"], 256);
     }
 
     #[test]

@@ -815,7 +815,7 @@ fn settlement(
 ) -> Settle {
     let mut settle = Settle::new(take_record(record));
     if let Some(predicted) = claimed.cached {
-        settle.hooks.push(prediction_hook(backend.name(), predicted));
+        settle.hooks.push(prediction_hook(backend, predicted));
     }
     settle.guard = Some(claimed.guard);
     settle.prompt_estimate = p.fields.prompt_tokens_estimate;
@@ -850,11 +850,12 @@ fn settlement(
 
 /// Count the cached prompt tokens routing expected on the backend against what its engine
 /// reported (answers that report none are not counted).
-fn prediction_hook(backend: &str, predicted: u64) -> SettleHook {
-    let backend = backend.to_string();
+fn prediction_hook(backend: &Arc<Backend>, predicted: u64) -> SettleHook {
+    let backend = backend.clone();
     Box::new(move |o: &Outcome| {
         if let Some(reported) = o.usage.and_then(|u| u.cached_tokens) {
-            m::prefix_prediction(&backend, predicted, reported);
+            m::prefix_prediction(backend.name(), predicted, reported);
+            backend.state.kv().record_prediction(predicted, reported);
         }
     })
 }

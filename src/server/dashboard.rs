@@ -237,6 +237,7 @@ pub fn summary(gw: &Gateway) -> Value {
                 "ttft_p99_seconds": quantile(0.99, &ttft),
                 "ttft_count": ttft.last().map_or(0.0, |b| b.1),
                 "last_error": v.last_error,
+                "kv_cache": v.kv_cache,
             })
         })
         .collect();

@@ -372,6 +372,23 @@ fn backend_gauges(v: BackendView) {
         metrics::gauge!(m::BACKEND_STATE, "backend" => name.clone(), "state" => h.as_str())
             .set(if h == v.health { 1.0 } else { 0.0 });
     }
+    kv_gauges(&name, &v.kv_cache);
+}
+
+/// A vLLM backend's KV-index gauges (nothing for backends whose events are off).
+fn kv_gauges(name: &str, kv: &crate::fleet::kv::KvView) {
+    use crate::fleet::kv::Status;
+    if kv.status == Status::Off {
+        return;
+    }
+    metrics::gauge!(m::KV_INDEX_BLOCKS, "backend" => name.to_string()).set(kv.blocks as f64);
+    if let Some(lag) = kv.lag_seconds {
+        metrics::gauge!(m::KV_EVENT_LAG_SECONDS, "backend" => name.to_string()).set(lag);
+    }
+    for s in Status::ALL {
+        metrics::gauge!(m::KV_STATUS, "backend" => name.to_string(), "status" => s.as_str())
+            .set(if s == kv.status { 1.0 } else { 0.0 });
+    }
 }
 
 /// The fleet, gateway totals and tenants' usage against their limits (the dashboard's data).

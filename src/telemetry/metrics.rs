@@ -22,6 +22,12 @@ pub const BACKEND_REQUESTS_TOTAL: &str = "sluice_backend_requests_total";
 /// Exact prompt counts asked of a backend's tokenizer (`[routing] tokenize_above`), by
 /// `backend` (`-` when none could answer) and `outcome` (ok|error|timeout|no_backend).
 pub const TOKENIZE_REQUESTS_TOTAL: &str = "sluice_tokenize_requests_total";
+/// Blocks in the gateway's index of a `backend`'s KV cache.
+pub const KV_INDEX_BLOCKS: &str = "sluice_kv_index_blocks";
+/// Seconds between an engine stamping its last KV-event batch and the gateway applying it.
+pub const KV_EVENT_LAG_SECONDS: &str = "sluice_kv_event_lag_seconds";
+/// 1 for the `status` (off|connecting|warm|cold|lost) a `backend`'s KV subscription is in.
+pub const KV_STATUS: &str = "sluice_kv_status";
 /// KV-event batches applied per `backend`.
 pub const KV_BATCHES_TOTAL: &str = "sluice_kv_event_batches_total";
 /// Blocks per `backend` and `change` (stored|removed|orphaned: stored with a parent the index

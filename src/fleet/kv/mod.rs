@@ -20,6 +20,7 @@ pub mod subscribe;
 #[cfg(test)]
 mod tests;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use index::{prompt_hashes, Applied, BlockIndex};
@@ -29,7 +30,8 @@ use index::{prompt_hashes, Applied, BlockIndex};
 pub const MAX_BLOCKS: usize = 1 << 19;
 
 /// Where a backend's subscription stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Status {
     /// No events: not a vLLM backend, `kv_events = false`, or the engine publishes none.
     Off,
@@ -44,6 +46,14 @@ pub enum Status {
 }
 
 impl Status {
+    pub const ALL: [Status; 5] = [
+        Status::Off,
+        Status::Connecting,
+        Status::Warm,
+        Status::Cold,
+        Status::Lost,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Off => "off",
@@ -96,7 +106,7 @@ impl Prompt {
 }
 
 /// A snapshot of one backend's KV view, for `/admin/backends`, the dashboard and `/metrics`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct KvView {
     pub status: Status,
     pub blocks: usize,
@@ -106,12 +116,20 @@ pub struct KvView {
     pub batches: u64,
     /// Times the index was rebuilt (gap not replayable, restart, overflow, malformed batch).
     pub rebuilds: u64,
+    /// Answers whose engine reported its cached tokens, and those where routing had expected
+    /// exactly that many.
+    pub predictions: u64,
+    pub predictions_exact: u64,
+    /// Cached prompt tokens routing expected, and the engine reported, over those answers.
+    pub predicted_tokens: u64,
+    pub reported_tokens: u64,
 }
 
 /// One backend's live KV view: the index and its subscription's status.
 #[derive(Debug)]
 pub struct KvCache {
     inner: RwLock<Inner>,
+    predictions: [AtomicU64; 4],
 }
 
 #[derive(Debug)]
@@ -139,7 +157,17 @@ impl KvCache {
                 batches: 0,
                 rebuilds: 0,
             }),
+            predictions: Default::default(),
         }
+    }
+
+    /// One answer's cached prompt tokens: `predicted` by routing, `reported` by the engine.
+    pub fn record_prediction(&self, predicted: u64, reported: u64) {
+        let [n, exact, p, r] = &self.predictions;
+        n.fetch_add(1, Ordering::Relaxed);
+        exact.fetch_add(u64::from(predicted == reported), Ordering::Relaxed);
+        p.fetch_add(predicted, Ordering::Relaxed);
+        r.fetch_add(reported, Ordering::Relaxed);
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
@@ -176,6 +204,10 @@ impl KvCache {
             lag_seconds: g.lag_seconds,
             batches: g.batches,
             rebuilds: g.rebuilds,
+            predictions: self.predictions[0].load(Ordering::Relaxed),
+            predictions_exact: self.predictions[1].load(Ordering::Relaxed),
+            predicted_tokens: self.predictions[2].load(Ordering::Relaxed),
+            reported_tokens: self.predictions[3].load(Ordering::Relaxed),
         }
     }
 
