@@ -126,7 +126,7 @@ mod tests {
     }
 
     /// The names `/admin/backends` has always shown for a backend's own fields.
-    const ADMIN_FIELDS: [&str; 25] = [
+    const ADMIN_FIELDS: [&str; 26] = [
         "name",
         "kind",
         "url",
