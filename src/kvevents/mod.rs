@@ -11,8 +11,8 @@
 //! - The payload is an [`EventBatch`]: a msgpack *array* `[ts, events, data_parallel_rank?]`
 //!   whose events are *maps* tagged by `"type"`. Unknown keys are ignored, unknown event types
 //!   are kept as [`Event::Other`] so a newer engine does not break an older gateway.
-//! - Replay: a DEALER sends `["", seq]`; the engine answers one `["", seq, payload]` per
-//!   buffered batch from `seq` on, then `["", -1, ""]`.
+//! - Replay: a DEALER sends `["", seq]`; the engine answers one `["", topic, seq, payload]` per
+//!   buffered batch from `seq` on, then `["", "", -1, ""]`.
 //!
 //! Invariants: decoding never panics and never allocates more than the input justifies (serde
 //! caps preallocation by the bytes present; rmp-serde bounds nesting depth).

@@ -291,6 +291,17 @@ fn frames(msg: &ZmqMessage) -> Result<(i64, EventBatch), &'static str> {
     Ok((seq, batch))
 }
 
+/// The sequence number and payload of one replay answer: `["", topic, seq, payload]` as vLLM
+/// 0.32 sends it (the end: `["", "", -1, ""]`), or `["", seq, payload]` without the topic.
+fn replay_frames(msg: &ZmqMessage) -> Option<(i64, &[u8])> {
+    let (seq, payload) = match msg.len() {
+        4 => (msg.get(2)?, msg.get(3)?),
+        3 => (msg.get(1)?, msg.get(2)?),
+        _ => return None,
+    };
+    Some((kvevents::parse_seq(seq).ok()?, payload))
+}
+
 /// The batches the engine still buffers from `from` on, in order (a malformed one ends the
 /// list); an error without a replay endpoint or an answer in time.
 async fn replay(src: &Source, from: i64) -> Result<Vec<(i64, EventBatch)>, SubscribeError> {
@@ -306,11 +317,7 @@ async fn replay(src: &Source, from: i64) -> Result<Vec<(i64, EventBatch)>, Subsc
         let mut out = Vec::new();
         while out.len() < MAX_REPLAY {
             let msg = dealer.recv().await?;
-            // [empty, seq, payload]
-            let (Some(seq), Some(payload)) = (msg.get(1), msg.get(2)) else {
-                break;
-            };
-            let Ok(seq) = kvevents::parse_seq(seq) else {
+            let Some((seq, payload)) = replay_frames(&msg) else {
                 break;
             };
             if seq == kvevents::REPLAY_END {

@@ -58,10 +58,14 @@ impl Engine {
                     .filter(|(s, _)| *s >= from)
                     .cloned()
                     .collect();
-                for (s, p) in batches.into_iter().chain([(kvevents::REPLAY_END, vec![])]) {
+                // as vLLM 0.32 answers: ["", topic, seq, payload], then ["", "", -1, ""]
+                let end = (kvevents::REPLAY_END, vec![]);
+                for (s, p) in batches.into_iter().chain([end]) {
+                    let topic = if p.is_empty() { "" } else { "kv" };
                     let out = vec![
                         id.clone(),
                         Bytes::new(),
+                        Bytes::from_static(topic.as_bytes()),
                         Bytes::copy_from_slice(&kvevents::seq_frame(s)),
                         Bytes::from(p),
                     ];
