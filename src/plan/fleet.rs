@@ -200,6 +200,7 @@ impl<'a> Sim<'a> {
             prompt_tokens: prompt,
             prefix_tokens: r.prefix.map_or(0, |p| u64::from(p.1)),
             prompt: None,
+            prompt_exact: false,
         };
         let e = self
             .router

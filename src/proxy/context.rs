@@ -6,10 +6,13 @@
 //! backend that reported none is assumed to fit. When no candidate fits:
 //! - Ollama candidates stay: Ollama truncates a prompt to its window rather than refusing it,
 //!   and that is what its users get from it directly;
-//! - else, when the request exceeds the largest window even allowing for the estimate's error,
-//!   the client gets vLLM's 400 at once (shaped by its API);
+//! - else, when the request exceeds the largest window — counted exactly (the model's
+//!   tokenizer, or a backend's), or estimated at more than twice what would fit — the client
+//!   gets vLLM's 400 at once (shaped by its API);
 //! - else the candidates with the largest window stay, and the engine, which counts exactly,
-//!   decides.
+//!   decides: an estimate can overshoot by far more than a tight slack (a real prompt of 836
+//!   tokens was estimated at over 1,100), and refusing a request that fits is worse than
+//!   letting the engine refuse one that does not.
 
 use http::StatusCode;
 
@@ -18,8 +21,8 @@ use crate::fleet::Resolved;
 use crate::openai::ApiError;
 use crate::routing::RouteInput;
 
-/// Share of the prompt estimate allowed as its error before a request is refused unsent.
-const ESTIMATE_SLACK: f64 = 0.1;
+/// How many times too large a prompt estimate may be before it is refused unsent.
+const ESTIMATE_FACTOR: u64 = 2;
 
 /// Keep the candidates whose context fits the request (see the module docs); `Err` is the
 /// client's 400 when none can.
@@ -56,7 +59,11 @@ pub(super) fn fit(
         .filter_map(window)
         .max()
         .unwrap_or(0);
-    let low = (input.prompt_tokens as f64 * (1.0 - ESTIMATE_SLACK)) as u64;
+    let low = if input.prompt_exact {
+        input.prompt_tokens
+    } else {
+        input.prompt_tokens / ESTIMATE_FACTOR
+    };
     if low.saturating_add(output) > largest {
         return Err(too_long(largest, input.prompt_tokens, max_tokens));
     }
@@ -133,6 +140,7 @@ mod tests {
         }
     }
 
+    /// A request whose prompt was counted exactly.
     fn request(prompt: u64, max_tokens: Option<u64>) -> (Option<u64>, RouteInput) {
         let input = RouteInput {
             tokens: prompt + max_tokens.unwrap_or(0),
@@ -140,8 +148,16 @@ mod tests {
             prompt_tokens: prompt,
             prefix_tokens: 0,
             prompt: None,
+            prompt_exact: true,
         };
         (max_tokens, input)
+    }
+
+    /// A request whose prompt was only estimated.
+    fn estimated(prompt: u64, max_tokens: Option<u64>) -> (Option<u64>, RouteInput) {
+        let (m, mut input) = request(prompt, max_tokens);
+        input.prompt_exact = false;
+        (m, input)
     }
 
     fn names(r: &Resolved) -> Vec<&str> {
@@ -163,10 +179,17 @@ mod tests {
         let (f, i) = request(4095, None);
         fit(&mut r, f, &i).unwrap();
         assert_eq!(names(&r), ["small"]);
-        // One token over: within the estimate's error, so the engine, counting exactly, decides.
+        // One token over, counted exactly: refused unsent.
         let (f, i) = request(4096, None);
+        assert!(fit(&mut r, f, &i).is_err());
+        // Over, but only estimated: the engine, counting exactly, decides (an estimate of a
+        // real 836-token prompt came out above 1,100) ...
+        let (f, i) = estimated(8000, None);
         fit(&mut r, f, &i).unwrap();
         assert_eq!(names(&r), ["small"]);
+        // ... unless even half the estimate does not fit
+        let (f, i) = estimated(8200, None);
+        assert!(fit(&mut r, f, &i).is_err());
         let (f, i) = request(5000, None);
         let err = fit(&mut r, f, &i).unwrap_err();
         assert_eq!(err.status.as_u16(), 400);
@@ -203,8 +226,8 @@ mod tests {
         let want = "is too large: 6000. This model's maximum context length is 8192 tokens and \
                     your request has about 4000 input tokens (6000 > 8192 - 4000).";
         assert!(err.message.contains(want), "{}", err.message);
-        // Within the estimate's error of the largest window: the engine decides.
-        let (f, i) = request(8500, Some(10));
+        // An estimate beyond the largest window: the engine decides.
+        let (f, i) = estimated(8500, Some(10));
         fit(&mut r, f, &i).unwrap();
         assert_eq!(names(&r), ["b"]);
         // Ollama truncates to its window: it stays, the others go.

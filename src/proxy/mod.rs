@@ -405,6 +405,7 @@ async fn size(
         prompt_tokens,
         prefix_tokens,
         prompt: None,
+        prompt_exact: exact.is_some(),
     }
 }
 

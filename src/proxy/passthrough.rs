@@ -104,6 +104,7 @@ async fn forward(
         prompt_tokens: tokens,
         prefix_tokens: 0,
         prompt: None,
+        prompt_exact: false,
     };
     let mut tried = Vec::new();
     let mut last: Option<ApiError> = None;

@@ -358,6 +358,7 @@ mod tests {
             prompt_tokens: 1000,
             prefix_tokens: 0,
             prompt: None,
+            prompt_exact: false,
         }
     }
 

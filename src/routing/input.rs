@@ -16,6 +16,8 @@ pub struct RouteInput {
     pub prefix_hash: Option<u64>,
     /// The prompt's share of `tokens` (the rest is expected output).
     pub prompt_tokens: u64,
+    /// Whether `prompt_tokens` was counted by the model's tokenizer (else it is an estimate).
+    pub prompt_exact: bool,
     /// The share of `prompt_tokens` that `prefix_hash` stands for (what a backend holding the
     /// prefix in its cache does not prefill again).
     pub prefix_tokens: u64,

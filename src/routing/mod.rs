@@ -211,6 +211,7 @@ mod tests {
         prompt_tokens: 50,
         prefix_tokens: 0,
         prompt: None,
+        prompt_exact: false,
     };
 
     #[test]
@@ -382,6 +383,7 @@ mod tests {
             prompt_tokens: 5,
             prefix_tokens: 4,
             prompt: None,
+            prompt_exact: false,
         };
         let first = r
             .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], &input(42))
@@ -455,6 +457,7 @@ mod tests {
             prompt_tokens: 1600,
             prefix_tokens: 1500,
             prompt: None,
+            prompt_exact: false,
         }
     }
 

@@ -19,8 +19,8 @@ fn key_block(name: &str, tenant: &str, extra: &str) -> (String, String) {
     )
 }
 
-/// What a vLLM backend is asked besides requests: load signals.
-const PROBES: &[&str] = &["/metrics", "/load", "/version"];
+/// What a vLLM backend is asked besides requests: load signals and where its KV events are.
+const PROBES: &[&str] = &["/metrics", "/load", "/version", "/kv_event_sources"];
 
 async fn post(gw: &TestGateway, key: &str, path: &str, body: Value) -> (u16, Value) {
     let r = client()

@@ -178,8 +178,9 @@ async fn tgi_and_ollama_windows_are_learned() {
     .await;
     assert_eq!(until_learned(&g, "ctx-tgi", "ctx-tgi-m").await, 3000);
     assert_eq!(until_learned(&g, "ctx-oll", "ctx-oll-m:latest").await, 2048);
-    // Beyond TGI's window: refused unsent, in vLLM's words.
-    let r = g.chat(&long_chat("ctx-tgi-m", 5000, 10)).await;
+    // Beyond TGI's window (more than twice, so the estimate cannot be that wrong): refused
+    // unsent, in vLLM's words.
+    let r = g.chat(&long_chat("ctx-tgi-m", 7000, 10)).await;
     assert_eq!(r.status(), 400);
     // Beyond Ollama's window: Ollama truncates, so it is sent and answered.
     let r = g.chat(&long_chat("ctx-oll-m", 5000, 10)).await;
