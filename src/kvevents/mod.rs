@@ -70,7 +70,23 @@ pub struct BlockStored {
     /// model's).
     #[serde(default)]
     pub lora_name: Option<String>,
+    /// What else went into each block's hash besides its tokens (LoRA name, multimodal inputs,
+    /// cache salt), one entry per block, `None` for a block keyed by its tokens alone.
+    #[serde(default)]
+    pub extra_keys: Option<Vec<Option<ExtraKey>>>,
+    /// The KV-cache group of the blocks (0 for a model with one kind of attention).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_idx: Option<i64>,
+    /// The group's kind of cache, e.g. `full_attention`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_spec_kind: Option<String>,
 }
+
+/// One block's extra hash inputs, folded to 64 bits (FNV-1a over their msgpack values) as
+/// [`EngineHash`] folds bytes: a subscriber only compares them. Encoded again, a fold is an
+/// integer, not the engine's original tuple (the simulator sends none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExtraKey(pub u64);
 
 /// Blocks the engine evicted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,6 +94,9 @@ pub struct BlockRemoved {
     pub block_hashes: Vec<EngineHash>,
     #[serde(default)]
     pub medium: Option<String>,
+    /// The KV-cache group the blocks belonged to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_idx: Option<i64>,
 }
 
 /// Why a payload or frame could not be read.
@@ -191,6 +210,95 @@ impl<'de> serde::de::Visitor<'de> for HashVisitor {
             h.byte(b);
         }
         Ok(EngineHash(h.0))
+    }
+}
+
+impl Serialize for ExtraKey {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ExtraKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut h = Fnv::new();
+        d.deserialize_any(FoldVisitor(&mut h))?;
+        Ok(ExtraKey(h.0))
+    }
+}
+
+/// Folds any msgpack value into a running FNV-1a hash, each scalar after a tag byte for its
+/// kind so `1` and `"1"` fold apart. Nesting is bounded by rmp-serde's depth limit.
+struct FoldVisitor<'a>(&'a mut Fnv);
+
+impl FoldVisitor<'_> {
+    fn fold(self, tag: u8, bytes: &[u8]) {
+        self.0.byte(tag);
+        for b in bytes {
+            self.0.byte(*b);
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for FoldVisitor<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for FoldVisitor<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any msgpack value")
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        self.fold(0, &[]);
+        Ok(())
+    }
+    fn visit_none<E>(self) -> Result<(), E> {
+        self.fold(0, &[]);
+        Ok(())
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<(), E> {
+        self.fold(1, &[u8::from(v)]);
+        Ok(())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<(), E> {
+        self.fold(2, &v.to_be_bytes());
+        Ok(())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<(), E> {
+        // the same number folds the same whether it came signed or not
+        self.fold(2, &v.to_be_bytes());
+        Ok(())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<(), E> {
+        self.fold(3, &v.to_be_bytes());
+        Ok(())
+    }
+    fn visit_str<E>(self, v: &str) -> Result<(), E> {
+        self.fold(4, v.as_bytes());
+        Ok(())
+    }
+    fn visit_bytes<E>(self, v: &[u8]) -> Result<(), E> {
+        self.fold(5, v);
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.0.byte(6);
+        while seq.next_element_seed(FoldVisitor(&mut *self.0))?.is_some() {}
+        self.0.byte(7);
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.0.byte(8);
+        while map.next_key_seed(FoldVisitor(&mut *self.0))?.is_some() {
+            map.next_value_seed(FoldVisitor(&mut *self.0))?;
+        }
+        self.0.byte(9);
+        Ok(())
     }
 }
 

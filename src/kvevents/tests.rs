@@ -84,10 +84,14 @@ fn what_is_encoded_decodes_to_the_same_batch_and_is_an_array_of_maps() {
                 lora_id: None,
                 medium: Some("GPU".into()),
                 lora_name: Some("a".into()),
+                extra_keys: Some(vec![None, None]),
+                group_idx: Some(0),
+                kv_cache_spec_kind: Some("full_attention".into()),
             }),
             Event::BlockRemoved(BlockRemoved {
                 block_hashes: vec![EngineHash(7)],
                 medium: None,
+                group_idx: None,
             }),
             Event::AllBlocksCleared {},
         ],
@@ -163,4 +167,87 @@ fn sequence_frames_round_trip_and_wildcards_become_the_host() {
         dial_endpoint("tcp://10.1.1.1:5557", "h"),
         "tcp://10.1.1.1:5557"
     );
+}
+
+#[test]
+fn a_real_engines_batch_encodes_back_to_the_same_bytes() {
+    // every key vLLM 0.32 sends, in its order: what the simulator encodes is what a vLLM
+    // subscriber reads
+    for (file, key) in [
+        ("agent-four-turns.json", "payload_msgpack_hex"),
+        ("two-requests-shared-system-prompt.json", "payload_hex"),
+    ] {
+        for (seq, bytes) in captured(file, key) {
+            let batch = decode(&bytes).unwrap();
+            assert_eq!(batch.data_parallel_rank, Some(0));
+            assert_eq!(encode(&batch), bytes, "{file} seq {seq}");
+        }
+    }
+}
+
+#[test]
+fn removals_and_clears_are_written_as_vllm_writes_them() {
+    let batch = EventBatch {
+        ts: 1.0,
+        events: vec![
+            Event::BlockRemoved(BlockRemoved {
+                block_hashes: vec![EngineHash(1)],
+                medium: Some("GPU".into()),
+                group_idx: Some(0),
+            }),
+            Event::AllBlocksCleared {},
+        ],
+        data_parallel_rank: Some(0),
+    };
+    let v = rmpv::decode::read_value(&mut &encode(&batch)[..]).unwrap();
+    let events = v[1].as_array().unwrap();
+    let keys = |e: &rmpv::Value| -> Vec<String> {
+        e.as_map()
+            .unwrap()
+            .iter()
+            .map(|(k, _)| k.as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        keys(&events[0]),
+        ["type", "block_hashes", "medium", "group_idx"]
+    );
+    assert_eq!(keys(&events[1]), ["type"]);
+    assert_eq!(events[1]["type"].as_str(), Some("AllBlocksCleared"));
+}
+
+#[test]
+fn extra_keys_fold_by_content() {
+    // [1.0, [{"type":"BlockStored", ..., "extra_keys": [null, ["lora-a"], ["lora-b"], ["lora-a"]]}]]
+    let stored = |extra: rmpv::Value| {
+        rmpv::Value::Map(vec![
+            ("type".into(), "BlockStored".into()),
+            ("block_hashes".into(), rmpv::Value::Array(vec![1.into()])),
+            ("parent_block_hash".into(), rmpv::Value::Nil),
+            ("token_ids".into(), rmpv::Value::Array(vec![])),
+            ("block_size".into(), 16.into()),
+            ("extra_keys".into(), extra),
+        ])
+    };
+    let tuple = |s: &str| rmpv::Value::Array(vec![s.into(), rmpv::Value::Binary(vec![0, 1])]);
+    let v = rmpv::Value::Array(vec![
+        rmpv::Value::F64(1.0),
+        rmpv::Value::Array(vec![stored(rmpv::Value::Array(vec![
+            rmpv::Value::Nil,
+            tuple("lora-a"),
+            tuple("lora-b"),
+            tuple("lora-a"),
+        ]))]),
+    ]);
+    let mut bytes = Vec::new();
+    rmpv::encode::write_value(&mut bytes, &v).unwrap();
+    let b = decode(&bytes).unwrap();
+    let Event::BlockStored(s) = &b.events[0] else {
+        panic!("{b:?}");
+    };
+    let k = s.extra_keys.as_ref().unwrap();
+    assert_eq!(k[0], None);
+    assert_eq!(k[1], k[3]);
+    assert_ne!(k[1], k[2]);
+    assert_eq!(s.group_idx, None);
 }

@@ -185,6 +185,9 @@ mod tests {
             lora_id: None,
             medium: None,
             lora_name: None,
+            extra_keys: None,
+            group_idx: None,
+            kv_cache_spec_kind: None,
         })
     }
 
@@ -221,6 +224,7 @@ mod tests {
         let r = x.apply(&Event::BlockRemoved(BlockRemoved {
             block_hashes: vec![EngineHash(2), EngineHash(99)],
             medium: None,
+            group_idx: None,
         }));
         assert_eq!(r.removed, 1);
         assert_eq!(
@@ -266,11 +270,13 @@ mod tests {
         x.apply(&Event::BlockRemoved(BlockRemoved {
             block_hashes: vec![EngineHash(1)],
             medium: None,
+            group_idx: None,
         }));
         assert_eq!(x.len(), 1, "the stale engine hash names nothing now");
         x.apply(&Event::BlockRemoved(BlockRemoved {
             block_hashes: vec![EngineHash(2)],
             medium: None,
+            group_idx: None,
         }));
         assert!(x.is_empty());
     }

@@ -129,6 +129,9 @@ fn stored(ids: &[u32], parent: Option<u64>, first: u64) -> Event {
         lora_id: None,
         medium: Some("GPU".into()),
         lora_name: None,
+        extra_keys: None,
+        group_idx: None,
+        kv_cache_spec_kind: None,
     })
 }
 
@@ -204,6 +207,7 @@ async fn a_fresh_engine_is_followed_warm_and_gaps_are_replayed() {
         vec![Event::BlockRemoved(kvevents::BlockRemoved {
             block_hashes: vec![EngineHash(201)],
             medium: None,
+            group_idx: None,
         })],
         true,
     )
