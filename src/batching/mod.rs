@@ -7,7 +7,8 @@
 //! batch has fewer than `max_num_seqs` sequences and the KV cache can hold the request's
 //! reservation (`prompt + output` tokens), looking each prompt up in the [`PrefixCache`] (whole
 //! blocks of `block_size` tokens, chained hashes, least recently used evicted, as in vLLM); only
-//! uncached tokens are prefilled. One step lasts [`Batch::step_duration`]:
+//! uncached tokens are prefilled. As in vLLM, a hit never covers the last prompt token and
+//! stays whole blocks, so a prompt cached to its end still computes its last block. One step lasts [`Batch::step_duration`]:
 //! `decode_base + decode_per_seq × running + prefill_per_token × uncached tokens admitted`
 //! (at speed 1). After a step every running sequence has one more token ([`Batch::advance`]);
 //! finished ones leave with [`Batch::take_done`].
@@ -15,6 +16,11 @@
 //! The owner supplies the clock: it sleeps for the step (real time) or schedules the step's end
 //! as an event (virtual time). A stretch of steps without admissions has a constant duration,
 //! so a virtual-time owner may advance several steps at once ([`Batch::steps_to_next_finish`]).
+//!
+//! An owner that wants vLLM's KV-cache events calls [`Batch::listen`] and gives each request its
+//! prompt's token ids ([`Queued::tokens`]); [`Batch::take_cache_events`] then hands it the
+//! cache's changes ([`CacheEvent`]). Without a listener nothing is recorded or allocated, so the
+//! planner's hot path pays one branch per admission.
 //!
 //! Invariants:
 //! - `running ≤ max_num_seqs`, and the KV reservation never exceeds capacity, except that a
@@ -29,7 +35,7 @@ mod prefix;
 use std::collections::VecDeque;
 use std::time::Duration;
 
-pub use prefix::{block_hashes, PrefixCache};
+pub use prefix::{block_hashes, CacheEvent, PrefixCache};
 
 /// The continuous-batching timing model. All durations are at `speed = 1`; the simulator divides
 /// them by `speed` (and multiplies them by the `slow` fault factor).
@@ -92,6 +98,9 @@ pub struct Queued<T> {
     /// Whole blocks after `blocks` that no other prompt shares (see
     /// [`PrefixCache::lookup_insert_run`]); 0 when `blocks` covers the whole prompt.
     pub unique_blocks: u32,
+    /// The prompt's token ids when a listener wants the stored blocks' tokens (see
+    /// [`Batch::listen`]); empty otherwise.
+    pub tokens: Vec<u32>,
     pub out_len: u32,
     pub tag: T,
 }
@@ -147,6 +156,27 @@ impl<T> Batch<T> {
         self.kv_reserved
     }
 
+    /// Record the prefix cache's changes for [`Batch::take_cache_events`] from now on.
+    pub fn listen(&mut self) {
+        self.prefix.listen();
+    }
+
+    /// The prefix cache's changes since the last call, in order (none without a listener).
+    pub fn take_cache_events(&mut self) -> Vec<CacheEvent> {
+        self.prefix.take_events()
+    }
+
+    /// Drop the prefix cache, as vLLM's `reset_prefix_cache` does: only when no sequence runs
+    /// (their blocks are in use), unless `force` (vLLM preempts the running ones then; here they
+    /// just go on). Returns whether it was dropped.
+    pub fn reset_prefix_cache(&mut self, force: bool) -> bool {
+        if !force && !self.running.is_empty() {
+            return false;
+        }
+        self.prefix.clear();
+        true
+    }
+
     /// Nothing waits and nothing runs.
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
@@ -168,9 +198,7 @@ impl<T> Batch<T> {
             let Some(q) = self.waiting.pop_front() else {
                 break;
             };
-            let hit = self.prefix.lookup_insert_run(&q.blocks, q.unique_blocks);
-            // engines always compute the last prompt token
-            let hit = hit.min(q.prompt_len.saturating_sub(1));
+            let hit = self.lookup(&q);
             prefill = prefill.saturating_add(q.prompt_len - hit);
             self.kv_reserved += need;
             self.running.push(Running {
@@ -186,6 +214,20 @@ impl<T> Batch<T> {
             }
         }
         prefill
+    }
+
+    /// Look `q`'s prompt up in the prefix cache and cache its blocks; returns the prompt
+    /// tokens served from the cache.
+    fn lookup(&mut self, q: &Queued<T>) -> u32 {
+        let block = self.timing.block_size.max(1);
+        // vLLM computes at least the last prompt token and its hits are whole blocks
+        let most = q.prompt_len.saturating_sub(1) / block;
+        let hit = self.prefix.hit_blocks(&q.blocks).min(most);
+        // stored before the insertion evicts, so a listener never sees a block removed
+        // before it was stored
+        (self.prefix).note_stored(&q.blocks, hit as usize, &q.tokens);
+        self.prefix.insert_run(&q.blocks, q.unique_blocks);
+        hit * block
     }
 
     /// The next step's duration at speed 1, with `prefill` uncached prompt tokens in it

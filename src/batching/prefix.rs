@@ -1,4 +1,10 @@
-//! The prefix cache of whole prompt blocks (see [`PrefixCache`]).
+//! The prefix cache of whole prompt blocks (see [`PrefixCache`]) and what it tells a listener
+//! ([`CacheEvent`]: the blocks it stored, evicted or dropped, vLLM's KV-cache events without
+//! their wire form).
+//!
+//! Invariant: a listener that applies the events in order holds exactly the cache's hashed
+//! blocks. Runs of unshareable blocks ([`PrefixCache::lookup_insert_run`]) have no hashes and
+//! are never announced, so a listening owner gives every block its hash (no runs).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -18,6 +24,23 @@ pub fn block_hashes(ids: &[u32], block: u32) -> Vec<u64> {
         hashes.push(h);
     }
     hashes
+}
+
+/// One change of the prefix cache, in the order it happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheEvent {
+    /// Whole blocks of one prompt were stored (or stored again: a prompt whose every block was
+    /// cached still computes its last block, as vLLM does): `hashes` in prompt order, the first
+    /// one's parent `parent` (`None`: the prompt's first block), `tokens` the blocks' tokens.
+    Stored {
+        parent: Option<u64>,
+        hashes: Vec<u64>,
+        tokens: Vec<u32>,
+    },
+    /// A block was evicted.
+    Removed(u64),
+    /// Every block was dropped (a reset).
+    Cleared,
 }
 
 /// Prefix cache of whole prompt blocks, keyed by chained block hashes; evicts the least
@@ -50,6 +73,9 @@ pub struct PrefixCache {
     tail: u32,
     capacity: usize,
     block: u32,
+    /// What happened since the listener last looked (`None`: nobody listens, nothing is
+    /// recorded or allocated).
+    log: Option<Vec<CacheEvent>>,
 }
 
 const NONE: u32 = u32::MAX;
@@ -97,6 +123,56 @@ impl PrefixCache {
             tail: NONE,
             capacity: capacity.clamp(1, NONE as usize - 1),
             block: block.max(1),
+            log: None,
+        }
+    }
+
+    /// Record [`CacheEvent`]s from now on.
+    pub fn listen(&mut self) {
+        self.log.get_or_insert_with(Vec::new);
+    }
+
+    /// The events since the last call (none when nobody listens).
+    pub fn take_events(&mut self) -> Vec<CacheEvent> {
+        self.log.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Leading blocks of `hashes` already cached (nothing changes).
+    pub fn hit_blocks(&self, hashes: &[u64]) -> u32 {
+        hashes
+            .iter()
+            .take_while(|h| self.blocks.contains_key(h))
+            .count() as u32
+    }
+
+    /// For a listener: blocks `from..` of the prompt `hashes` (tokens `ids`) are being stored.
+    /// Costs nothing when nobody listens.
+    pub fn note_stored(&mut self, hashes: &[u64], from: usize, ids: &[u32]) {
+        let Some(log) = self.log.as_mut() else {
+            return;
+        };
+        if from >= hashes.len() {
+            return;
+        }
+        let b = self.block as usize;
+        let tokens = ids.get(from * b..hashes.len() * b).unwrap_or_default();
+        log.push(CacheEvent::Stored {
+            parent: from.checked_sub(1).map(|i| hashes[i]),
+            hashes: hashes[from..].to_vec(),
+            tokens: tokens.to_vec(),
+        });
+    }
+
+    /// Drop every block (vLLM's prefix-cache reset).
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+        self.nodes.clear();
+        self.free.clear();
+        self.held = 0;
+        self.head = NONE;
+        self.tail = NONE;
+        if let Some(log) = self.log.as_mut() {
+            log.push(CacheEvent::Cleared);
         }
     }
 
@@ -115,10 +191,18 @@ impl PrefixCache {
     /// A prompt of the blocks `hashes` followed by `unique` blocks no other prompt shares
     /// (their hashes are irrelevant: they can never hit); returns the cached leading tokens.
     pub fn lookup_insert_run(&mut self, hashes: &[u64], unique: u32) -> u32 {
-        let hit_blocks = hashes
-            .iter()
-            .take_while(|h| self.blocks.contains_key(h))
-            .count() as u32;
+        let hit_blocks = self.hit_blocks(hashes);
+        self.insert_run(hashes, unique);
+        hit_blocks * self.block
+    }
+
+    /// Cache the blocks `hashes` followed by a run of `unique` unshareable blocks, mark them
+    /// all used now (the first ones last) and evict what no longer fits.
+    pub fn insert_run(&mut self, hashes: &[u64], unique: u32) {
+        debug_assert!(
+            unique == 0 || self.log.is_none(),
+            "a run's blocks cannot be announced"
+        );
         if unique > 0 {
             let n = self.alloc(None, unique);
             self.push_front(n);
@@ -137,7 +221,6 @@ impl PrefixCache {
             }
         }
         self.evict();
-        hit_blocks * self.block
     }
 
     /// Drop least recently used blocks until the cache holds at most its capacity.
@@ -156,6 +239,9 @@ impl PrefixCache {
             self.unlink(old);
             if let Some(h) = hash {
                 self.blocks.remove(&h);
+                if let Some(log) = self.log.as_mut() {
+                    log.push(CacheEvent::Removed(h));
+                }
             }
             self.free.push(old);
         }

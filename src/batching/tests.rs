@@ -19,6 +19,7 @@ fn queued(id: u32, prompt: Vec<u32>, out_len: u32) -> Queued<u32> {
         prompt_len: prompt.len() as u32,
         blocks: block_hashes(&prompt, 4),
         unique_blocks: 0,
+        tokens: Vec::new(),
         out_len,
         tag: id,
     }
@@ -60,12 +61,14 @@ fn steps_cost_base_per_sequence_and_uncached_prefill() {
     let mut b = Batch::new(timing(8, 1000));
     b.waiting.push_back(queued(0, vec![1; 8], 2));
     b.waiting.push_back(queued(1, vec![1; 8], 2));
-    // the second prompt hits the first's blocks (but the last token is recomputed)
+    // the second prompt hits the first's blocks, but its last block is computed again (the
+    // last token always is, and hits are whole blocks)
     let prefill = b.admit(|_| {});
-    assert_eq!(prefill, 8 + 1);
+    assert_eq!(prefill, 8 + 4);
+    assert_eq!(b.running[1].cached, 4);
     assert_eq!(
         b.step_duration(prefill),
-        Duration::from_millis(12) + Duration::from_micros(90)
+        Duration::from_millis(12) + Duration::from_micros(120)
     );
 }
 
@@ -91,4 +94,126 @@ fn advancing_finishes_sequences_and_frees_their_reservation() {
     assert_eq!(b.retain_running(|_| false), 1);
     assert_eq!(b.kv_reserved(), 0);
     assert!(b.is_idle());
+}
+
+/// A queued request whose prompt is `prompt`, with its tokens for a listener.
+fn listened(id: u32, prompt: Vec<u32>) -> Queued<u32> {
+    Queued {
+        tokens: prompt.clone(),
+        ..queued(id, prompt, 1)
+    }
+}
+
+/// `blocks` whole blocks of 4 tokens, distinct per `seed`.
+fn prompt(seed: u32, blocks: u32) -> Vec<u32> {
+    (0..blocks * 4).map(|i| seed * 1000 + i).collect()
+}
+
+/// Admit everything waiting and finish it.
+fn run(b: &mut Batch<u32>, q: Queued<u32>) -> u32 {
+    b.waiting.push_back(q);
+    b.admit(|_| {});
+    let cached = b.running.last().map_or(0, |s| s.cached);
+    b.advance(1);
+    b.take_done(|_| {});
+    cached
+}
+
+#[test]
+fn a_listener_hears_each_block_stored_once_with_its_parent_and_tokens() {
+    let mut b = Batch::new(timing(8, 1000));
+    b.listen();
+    let shared = prompt(1, 2);
+    let mut first = shared.clone();
+    first.extend(prompt(2, 1));
+    first.push(7); // a partial block is never stored
+    assert_eq!(run(&mut b, listened(0, first.clone())), 0);
+    let h = block_hashes(&first, 4);
+    assert_eq!(
+        b.take_cache_events(),
+        [CacheEvent::Stored {
+            parent: None,
+            hashes: h.clone(),
+            tokens: first[..12].to_vec()
+        }]
+    );
+    // the shared prefix is found; only the new block is announced, hanging off it
+    let mut second = shared.clone();
+    second.extend(prompt(3, 1));
+    assert_eq!(run(&mut b, listened(1, second.clone())), 8);
+    let h2 = block_hashes(&second, 4);
+    assert_eq!(
+        b.take_cache_events(),
+        [CacheEvent::Stored {
+            parent: Some(h[1]),
+            hashes: vec![h2[2]],
+            tokens: second[8..12].to_vec()
+        }]
+    );
+    // cached to its last token: the last block is computed and stored again, as vLLM does
+    assert_eq!(run(&mut b, listened(2, shared.clone())), 4);
+    let [CacheEvent::Stored { parent, hashes, .. }] = &b.take_cache_events()[..] else {
+        panic!("one store");
+    };
+    assert_eq!((*parent, &hashes[..]), (Some(h[0]), &h[1..2]));
+}
+
+#[test]
+fn a_listener_that_applies_the_events_holds_what_the_cache_holds() {
+    // room for 6 blocks of 4 tokens; prompts of 1-3 blocks over a few shared prefixes
+    let t = Timing {
+        prefix_cache_tokens: Some(24),
+        ..timing(8, 1000)
+    };
+    let mut b = Batch::new(t);
+    b.listen();
+    let mut held = std::collections::HashSet::new();
+    let mut removed = 0;
+    for i in 0..200u32 {
+        let mut p = prompt(i % 3, 1);
+        p.extend(prompt(100 + i % 7, 1 + i % 2));
+        let ids = p.clone();
+        run(&mut b, listened(i, p));
+        for e in b.take_cache_events() {
+            match e {
+                CacheEvent::Stored { hashes, .. } => held.extend(hashes),
+                CacheEvent::Removed(h) => {
+                    assert!(held.remove(&h), "{h} removed but never stored");
+                    removed += 1;
+                }
+                CacheEvent::Cleared => held.clear(),
+            }
+        }
+        // every block of the prompt just admitted is cached (it fits)
+        for h in block_hashes(&ids, 4) {
+            assert!(held.contains(&h));
+        }
+        assert_eq!(held.len(), b.prefix.len(), "after prompt {i}");
+    }
+    assert!(removed > 100, "evictions happened: {removed}");
+}
+
+#[test]
+fn a_reset_waits_for_running_sequences_unless_forced_and_is_heard() {
+    let mut b = Batch::new(timing(8, 1000));
+    b.listen();
+    b.waiting.push_back(listened(0, prompt(1, 2)));
+    b.admit(|_| {});
+    b.take_cache_events();
+    assert!(!b.reset_prefix_cache(false), "blocks in use");
+    assert!(b.take_cache_events().is_empty());
+    assert!(b.reset_prefix_cache(true));
+    assert_eq!(b.take_cache_events(), [CacheEvent::Cleared]);
+    b.advance(1);
+    b.take_done(|_| {});
+    assert!(b.reset_prefix_cache(false));
+    assert_eq!(run(&mut b, listened(1, prompt(1, 2))), 0, "nothing cached");
+}
+
+#[test]
+fn without_a_listener_nothing_is_recorded() {
+    let mut b = Batch::new(timing(8, 1000));
+    run(&mut b, listened(0, prompt(1, 2)));
+    b.reset_prefix_cache(false);
+    assert!(b.take_cache_events().is_empty());
 }

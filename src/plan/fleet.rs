@@ -214,6 +214,7 @@ impl<'a> Sim<'a> {
             prompt_len: r.prompt_tokens,
             blocks,
             unique_blocks,
+            tokens: Vec::new(),
             out_len: r.output_tokens,
             tag: i,
         };

@@ -126,6 +126,7 @@ impl Engine {
             prompt_len: prompt_ids.len() as u32,
             blocks: block_hashes(&prompt_ids, self.block),
             unique_blocks: 0,
+            tokens: Vec::new(),
             out_len,
             tag: Tag {
                 events,

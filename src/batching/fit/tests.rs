@@ -45,6 +45,7 @@ fn run(timing: Timing, arrivals: &[Arrival], window: f64) -> Vec<Window> {
                 prompt_len: a.prompt,
                 blocks: vec![unique],
                 unique_blocks: 0,
+                tokens: Vec::new(),
                 out_len: a.out,
                 tag: Seq::default(),
             });
