@@ -209,17 +209,34 @@ pub(super) async fn messages(sim: &Arc<Sim>, req: Request<Incoming>) -> Response
         StatusCode::OK,
         JSON,
         format!(
-            "{{\"id\":\"{id}\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[{{\"type\":\"text\",\"text\":{}}}],\"model\":{model_json},\"stop_reason\":\"{}\",\"usage\":{{\"input_tokens\":{},\"output_tokens\":{}}}}}",
+            "{{\"id\":\"{id}\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[{{\"type\":\"text\",\"text\":{}}}],\"model\":{model_json},\"stop_reason\":\"{}\",\"usage\":{}}}",
             js(&p.text(0, p.words.len())),
             stop_reason(p.finish),
-            p.prompt_tokens(),
-            p.completion_tokens()
+            usage(sim.config.prompt_tokens_details, &gen),
         ),
+    )
+}
+
+/// The final usage of a message, as vLLM converts its chat usage: with `details`
+/// (`--enable-prompt-tokens-details`), the prompt tokens read from and written to the prefix
+/// cache are reported apart and left out of `input_tokens` (Anthropic's accounting).
+fn usage(details: bool, gen: &Gen) -> String {
+    let (prompt, output) = (gen.plan.prompt_tokens(), gen.plan.completion_tokens());
+    if !details {
+        return format!("{{\"input_tokens\":{prompt},\"output_tokens\":{output}}}");
+    }
+    let c = gen.cache_use();
+    format!(
+        "{{\"input_tokens\":{},\"output_tokens\":{output},\"cache_creation_input_tokens\":{},\"cache_read_input_tokens\":{}}}",
+        prompt.saturating_sub(c.cached + c.created),
+        c.created,
+        c.cached
     )
 }
 
 /// The Anthropic event stream of one generation.
 fn stream(sim: &Arc<Sim>, mut gen: Gen, id: String, model_json: String) -> Response<SimBody> {
+    let details = sim.config.prompt_tokens_details;
     stream_response(sim, StatusCode::OK, SSE, move |mut sink| async move {
         let ev = |kind: &str, data: String| format!("event: {kind}\ndata: {data}\n\n");
         let input = gen.plan.prompt_tokens();
@@ -255,9 +272,9 @@ fn stream(sim: &Arc<Sim>, mut gen: Gen, id: String, model_json: String) -> Respo
                 "{\"type\":\"content_block_stop\",\"index\":0}".into(),
             ),
             ev("message_delta", format!(
-                "{{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{}\",\"stop_sequence\":null}},\"usage\":{{\"input_tokens\":{input},\"output_tokens\":{}}}}}",
+                "{{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{}\",\"stop_sequence\":null}},\"usage\":{}}}",
                 stop_reason(gen.plan.finish),
-                gen.plan.completion_tokens()
+                usage(details, &gen)
             )),
             ev("message_stop", "{\"type\":\"message_stop\"}".into()),
         ];

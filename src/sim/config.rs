@@ -13,6 +13,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::fault::{Fault, FaultMode};
+use super::kv_config::KvEventsConfig;
 use super::SimError;
 
 /// Which engine the simulator imitates.
@@ -100,6 +101,12 @@ pub struct SimConfig {
     /// process's memory (`store`, `GET /v1/responses/{id}`, `previous_response_id`,
     /// `background`, cancel). Off by default, as in vLLM.
     pub responses_store: bool,
+    /// vLLM `--kv-events-config`: publish the prefix cache's changes over ZMQ (vLLM only; needs
+    /// the scheduler, so a speed above 0).
+    pub kv_events: Option<KvEventsConfig>,
+    /// vLLM `VLLM_SERVER_DEV_MODE=1`: its development routes, of which the simulator serves
+    /// `POST /reset_prefix_cache`. Off by default, as in vLLM.
+    pub server_dev_mode: bool,
     /// Fault active at start-up (normally healthy).
     pub fault: Fault,
     /// `run` only: N >= 1 = serve on N dedicated threads, each a single-threaded runtime
@@ -150,6 +157,8 @@ impl SimConfig {
             embedding_dim: 384,
             prompt_tokens_details: false,
             responses_store: false,
+            kv_events: None,
+            server_dev_mode: false,
             fault: Fault::healthy(),
             threads: 0,
         }
@@ -223,6 +232,16 @@ impl SimConfig {
     /// kinds).
     pub fn responses_store(mut self, yes: bool) -> Self {
         self.responses_store = yes;
+        self
+    }
+    /// vLLM `--kv-events-config` (see [`KvEventsConfig::from_json`]).
+    pub fn kv_events_config(mut self, config: KvEventsConfig) -> Self {
+        self.kv_events = Some(config);
+        self
+    }
+    /// vLLM `VLLM_SERVER_DEV_MODE=1` (`POST /reset_prefix_cache`; ignored by the other kinds).
+    pub fn server_dev_mode(mut self, yes: bool) -> Self {
+        self.server_dev_mode = yes;
         self
     }
     /// vLLM `max_model_len`.
@@ -304,6 +323,18 @@ impl SimConfig {
             }
         }
         self.fault.validate().map_err(SimError::Config)?;
+        if self.kv_events.as_ref().is_some_and(KvEventsConfig::enabled) {
+            if self.kind != SimKind::Vllm {
+                return Err(SimError::Config(
+                    "--kv-events-config is a vLLM flag (--kind vllm)".into(),
+                ));
+            }
+            if self.speed <= 0.0 {
+                return Err(SimError::Config(
+                    "--kv-events-config needs the prefix cache's scheduler: --speed above 0".into(),
+                ));
+            }
+        }
         Ok(self)
     }
 }
@@ -407,8 +438,17 @@ pub struct SimArgs {
     /// background and cancel). Off by default, as in vLLM: `background` then gets a 400.
     #[arg(long)]
     pub enable_responses_store: bool,
+    /// vLLM: publish KV-cache events as vLLM does with this JSON (its KVEventsConfig:
+    /// enable_kv_cache_events, publisher, endpoint, replay_endpoint, buffer_steps, hwm,
+    /// max_queue_size, topic). `tcp://*:0` binds a free port of --host; GET /kv_event_sources
+    /// shows the endpoints bound.
+    #[arg(long, value_parser = parse_kv_events)]
+    pub kv_events_config: Option<KvEventsConfig>,
+    /// vLLM: its development routes, like VLLM_SERVER_DEV_MODE=1 (POST /reset_prefix_cache).
+    #[arg(long)]
+    pub server_dev_mode: bool,
     /// Fault at start-up: healthy, hang, slow, error_rate, drop_midstream, overloaded,
-    /// health_fail, loading, refuse.
+    /// health_fail, loading, refuse, kv_skip, kv_lost.
     #[arg(long, default_value = "healthy", value_parser = parse_mode)]
     pub fault: FaultMode,
     /// `slow` fault: latency multiplier.
@@ -423,6 +463,10 @@ pub struct SimArgs {
     /// `loading` / `refuse` fault: duration in seconds.
     #[arg(long)]
     pub fault_seconds: Option<f64>,
+    /// `kv_skip` / `kv_lost` fault: sequence numbers of the KV-event batches not sent
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub fault_seqs: Vec<i64>,
     /// Serving threads: N >= 1 dedicated single-threaded runtimes sharing the listening socket;
     /// 0 = share the process runtime.
     #[arg(long, default_value_t = 2)]
@@ -442,6 +486,10 @@ fn parse_kind(s: &str) -> Result<SimKind, String> {
 
 fn parse_mode(s: &str) -> Result<FaultMode, String> {
     s.parse()
+}
+
+fn parse_kv_events(s: &str) -> Result<KvEventsConfig, String> {
+    KvEventsConfig::from_json(s).map_err(|e| e.to_string())
 }
 
 impl SimArgs {
@@ -482,6 +530,8 @@ impl SimArgs {
         c.preloaded = self.preloaded;
         c.prompt_tokens_details = self.enable_prompt_tokens_details;
         c.responses_store = self.enable_responses_store;
+        c.kv_events = self.kv_events_config;
+        c.server_dev_mode = self.server_dev_mode;
         c.threads = self.threads;
         c.fault = Fault::from_parts(
             self.fault,
@@ -490,7 +540,8 @@ impl SimArgs {
             self.fault_after_chunks,
             self.fault_seconds,
             None,
-        );
+        )
+        .with_seqs(self.fault_seqs);
         c.validate()
     }
 }

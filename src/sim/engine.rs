@@ -21,6 +21,10 @@
 //!   the token every running sequence gets in it. One [`StepObs`] per step and one
 //!   [`FinishObs`] per finished request carry them to [`ModelStats`]; the final [`Progress`]
 //!   carries them to the request's handler ([`SeqTimes`]).
+//! - With a KV-event publisher, the prefix cache's changes of each step go to it as one batch
+//!   when the step ends (no batch for a step without changes), as vLLM publishes them after
+//!   each scheduler step; a reset's `AllBlocksCleared` therefore waits for the next step, as
+//!   in vLLM.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -31,6 +35,7 @@ use tokio::task::JoinHandle;
 
 use super::config::Timing;
 use super::fault::FaultState;
+use super::kv_publisher::{wire_batch, BatchSender};
 use super::metrics::{FinishObs, ModelStats, StepObs};
 use crate::batching::{block_hashes, Batch, Queued, Running};
 
@@ -68,13 +73,25 @@ struct Tag {
     max_tokens: u32,
 }
 
+/// What a handler asks of the scheduler.
+enum Msg {
+    Submit(Queued<Tag>),
+    /// Drop the prefix cache (`force`: even while sequences run); answers whether it did.
+    ResetPrefixCache {
+        force: bool,
+        reply: tokio::sync::oneshot::Sender<bool>,
+    },
+}
+
 /// Handle to the scheduler of one model; dropping it stops the task.
 pub(crate) struct Engine {
-    tx: mpsc::UnboundedSender<Queued<Tag>>,
+    tx: mpsc::UnboundedSender<Msg>,
     pub(crate) stats: Arc<ModelStats>,
     task: JoinHandle<()>,
     /// The prefix cache's block size, to hash prompts in the caller.
     block: u32,
+    /// A KV-event publisher listens: requests carry their prompt's token ids.
+    listening: bool,
 }
 
 impl Drop for Engine {
@@ -84,16 +101,24 @@ impl Drop for Engine {
 }
 
 impl Engine {
+    /// Start the scheduler; with `kv`, the prefix cache's changes are published there.
     pub(crate) fn start(
         timing: Timing,
         speed: f64,
         fault: Arc<FaultState>,
         stats: Arc<ModelStats>,
+        kv: Option<BatchSender>,
     ) -> Engine {
         let (tx, rx) = mpsc::unbounded_channel();
         let block = timing.block_size.max(1);
+        let mut batch = Batch::new(timing);
+        if kv.is_some() {
+            batch.listen();
+        }
+        let listening = kv.is_some();
         let sched = Scheduler {
-            batch: Batch::new(timing),
+            batch,
+            kv,
             speed,
             fault,
             stats: stats.clone(),
@@ -108,6 +133,7 @@ impl Engine {
             stats,
             task,
             block,
+            listening,
         }
     }
 
@@ -122,11 +148,16 @@ impl Engine {
         let (events, rx) = mpsc::channel(32);
         self.stats.waiting.fetch_add(1, Relaxed);
         let now = Instant::now();
+        let blocks = block_hashes(&prompt_ids, self.block);
         let q = Queued {
             prompt_len: prompt_ids.len() as u32,
-            blocks: block_hashes(&prompt_ids, self.block),
+            blocks,
             unique_blocks: 0,
-            tokens: Vec::new(),
+            tokens: if self.listening {
+                prompt_ids
+            } else {
+                Vec::new()
+            },
             out_len,
             tag: Tag {
                 events,
@@ -136,16 +167,32 @@ impl Engine {
                 max_tokens,
             },
         };
-        if self.tx.send(q).is_err() {
+        if self.tx.send(Msg::Submit(q)).is_err() {
             self.stats.waiting.fetch_sub(1, Relaxed);
             return None;
         }
         Some(rx)
     }
+
+    /// Drop the prefix cache, as vLLM's `POST /reset_prefix_cache` does: refused while
+    /// sequences run unless `force`. `false` also when the scheduler is gone.
+    pub(crate) async fn reset_prefix_cache(&self, force: bool) -> bool {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if self
+            .tx
+            .send(Msg::ResetPrefixCache { force, reply })
+            .is_err()
+        {
+            return false;
+        }
+        answer.await.unwrap_or(false)
+    }
 }
 
 struct Scheduler {
     batch: Batch<Tag>,
+    /// Where the prefix cache's changes are published (none: nobody listens).
+    kv: Option<BatchSender>,
     speed: f64,
     fault: Arc<FaultState>,
     stats: Arc<ModelStats>,
@@ -158,18 +205,18 @@ struct Scheduler {
 }
 
 impl Scheduler {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Queued<Tag>>) {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
         let mut next_step = tokio::time::Instant::now();
         loop {
             if self.batch.is_idle() && self.finishing.is_empty() {
                 match rx.recv().await {
-                    Some(s) => self.batch.waiting.push_back(s),
+                    Some(m) => self.handle(m),
                     None => return,
                 }
                 next_step = tokio::time::Instant::now();
             }
-            while let Ok(s) = rx.try_recv() {
-                self.batch.waiting.push_back(s);
+            while let Ok(m) = rx.try_recv() {
+                self.handle(m);
             }
             self.retry_finishing();
             self.drop_cancelled_waiting();
@@ -191,6 +238,36 @@ impl Scheduler {
             tokio::time::sleep_until(next_step).await;
             self.step_done();
             self.publish();
+            self.publish_cache_events().await;
+        }
+    }
+
+    fn handle(&mut self, m: Msg) {
+        match m {
+            Msg::Submit(q) => self.batch.waiting.push_back(q),
+            Msg::ResetPrefixCache { force, reply } => {
+                let _ = reply.send(self.batch.reset_prefix_cache(force));
+            }
+        }
+    }
+
+    /// Hand the step's prefix-cache changes to the KV-event publisher, if any. Waits when its
+    /// queue is full (`max_queue_size` batches), as vLLM's engine does.
+    async fn publish_cache_events(&mut self) {
+        let Some(kv) = &self.kv else {
+            return;
+        };
+        let events = self.batch.take_cache_events();
+        if events.is_empty() {
+            return;
+        }
+        let batch = wire_batch(
+            events,
+            self.batch.timing().block_size,
+            super::unix_now_f64(),
+        );
+        if kv.send(batch).await.is_err() {
+            tracing::debug!("KV-event publisher gone");
         }
     }
 

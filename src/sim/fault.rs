@@ -4,7 +4,8 @@
 //! Invariants: the active fault is swapped atomically (readers never see a half-written fault);
 //! a fault with `seconds > 0` in mode `loading` or `refuse` reverts to `healthy` by itself once
 //! the time is up; every change wakes the requests parked by `hang`, so they re-check the mode.
-//! The `/sim/*` control routes are never subject to a fault.
+//! The `/sim/*` control routes are never subject to a fault. The KV-event faults (`kv_skip`,
+//! `kv_lost`) touch only the vLLM simulator's event publisher; requests are served normally.
 
 use std::fmt;
 use std::str::FromStr;
@@ -38,6 +39,11 @@ pub enum FaultMode {
     Loading,
     /// Reset every new connection (except control requests) and close kept-alive ones.
     Refuse,
+    /// The KV-event publisher does not send the batches numbered `seqs` (they are still kept
+    /// for replay, so a subscriber can fill the gap).
+    KvSkip,
+    /// As `kv_skip`, and replay answers nothing at all: the gap cannot be filled.
+    KvLost,
 }
 
 impl FaultMode {
@@ -53,6 +59,8 @@ impl FaultMode {
             FaultMode::HealthFail => "health_fail",
             FaultMode::Loading => "loading",
             FaultMode::Refuse => "refuse",
+            FaultMode::KvSkip => "kv_skip",
+            FaultMode::KvLost => "kv_lost",
         }
     }
 }
@@ -69,7 +77,7 @@ impl FromStr for FaultMode {
         serde_json::from_value(serde_json::Value::String(s.to_string())).map_err(|_| {
             format!(
                 "unknown fault mode `{s}` (expected healthy, hang, slow, error_rate, \
-                 drop_midstream, overloaded, health_fail, loading or refuse)"
+                 drop_midstream, overloaded, health_fail, loading, refuse, kv_skip or kv_lost)"
             )
         })
     }
@@ -90,7 +98,13 @@ pub struct Fault {
     pub seconds: f64,
     /// `slow`: fixed delay in milliseconds added before answering (works even at speed 0).
     pub delay_ms: u64,
+    /// `kv_skip`, `kv_lost`: the sequence numbers of the event batches not sent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub seqs: Vec<i64>,
 }
+
+/// Most sequence numbers a KV-event fault may list.
+const MAX_SEQS: usize = 10_000;
 
 impl Fault {
     /// No fault.
@@ -114,7 +128,14 @@ impl Fault {
             after_chunks: after_chunks.unwrap_or(1),
             seconds: seconds.unwrap_or(if mode == FaultMode::Loading { 5.0 } else { 0.0 }),
             delay_ms: delay_ms.unwrap_or(0),
+            seqs: Vec::new(),
         }
+    }
+
+    /// This fault with the KV-event batches `seqs` left unsent (`kv_skip`, `kv_lost`).
+    pub fn with_seqs(mut self, seqs: Vec<i64>) -> Fault {
+        self.seqs = seqs;
+        self
     }
 
     /// Shorthand for `Fault::from_parts(mode, None, …)`.
@@ -139,6 +160,11 @@ impl Fault {
                 self.seconds
             ));
         }
+        if self.seqs.len() > MAX_SEQS || self.seqs.iter().any(|s| *s < 0) {
+            return Err(format!(
+                "seqs must be at most {MAX_SEQS} sequence numbers >= 0"
+            ));
+        }
         Ok(())
     }
 }
@@ -153,6 +179,7 @@ pub(crate) struct FaultRequest {
     after_chunks: Option<u32>,
     seconds: Option<f64>,
     delay_ms: Option<u64>,
+    seqs: Option<Vec<i64>>,
 }
 
 impl FaultRequest {
@@ -164,7 +191,8 @@ impl FaultRequest {
             self.after_chunks,
             self.seconds,
             self.delay_ms,
-        );
+        )
+        .with_seqs(self.seqs.unwrap_or_default());
         f.validate()?;
         Ok(f)
     }
@@ -270,6 +298,17 @@ impl FaultState {
             }
             notified.await;
         }
+    }
+
+    /// Whether the KV-event publisher leaves batch `seq` unsent (`kv_skip`, `kv_lost`).
+    pub(crate) fn kv_skips(&self, seq: i64) -> bool {
+        let a = self.active.load();
+        matches!(a.fault.mode, FaultMode::KvSkip | FaultMode::KvLost) && a.fault.seqs.contains(&seq)
+    }
+
+    /// Whether replay requests go unanswered (`kv_lost`).
+    pub(crate) fn kv_replay_silent(&self) -> bool {
+        self.active.load().fault.mode == FaultMode::KvLost
     }
 
     /// Whether this inference request should fail under `error_rate`.

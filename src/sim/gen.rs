@@ -19,6 +19,24 @@ use super::metrics::FinishObs;
 use super::server::Sim;
 use super::text::{Finish, Plan};
 
+/// How a request's prompt used the prefix cache, as vLLM reports it: tokens read from the cache
+/// (whole blocks) and tokens the request wrote to it (its other whole prompt blocks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CacheUse {
+    pub cached: u32,
+    pub created: u32,
+}
+
+impl std::ops::Add for CacheUse {
+    type Output = CacheUse;
+    fn add(self, o: CacheUse) -> CacheUse {
+        CacheUse {
+            cached: self.cached + o.cached,
+            created: self.created + o.created,
+        }
+    }
+}
+
 pub(crate) struct Gen {
     pub plan: Plan,
     sim: Arc<Sim>,
@@ -163,6 +181,17 @@ impl Gen {
                 end.saturating_duration_since(t.admitted),
             ),
             None => (Duration::ZERO, end.saturating_duration_since(self.started)),
+        }
+    }
+
+    /// How the prompt used the prefix cache (meaningful once the first token came): vLLM's
+    /// `created_cache_tokens` are the prompt's whole blocks not read from the cache.
+    pub(crate) fn cache_use(&self) -> CacheUse {
+        let block = self.sim.config.timing.block_size.max(1);
+        let whole = self.plan.prompt_tokens() / block * block;
+        CacheUse {
+            cached: self.cached,
+            created: whole.saturating_sub(self.cached),
         }
     }
 

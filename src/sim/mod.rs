@@ -122,6 +122,8 @@ pub mod config;
 mod engine;
 pub mod fault;
 mod gen;
+pub mod kv_config;
+mod kv_publisher;
 mod metrics;
 mod ollama;
 mod ollama_compat;
@@ -144,6 +146,7 @@ use tokio::sync::oneshot;
 
 pub use config::{SimArgs, SimConfig, SimKind, Timing};
 pub use fault::{Fault, FaultMode};
+pub use kv_config::KvEventsConfig;
 
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]
@@ -191,7 +194,7 @@ pub async fn run(
         "simulator listening"
     );
     if config.threads == 0 {
-        let sim = Arc::new(server::Sim::new(config));
+        let sim = Arc::new(server::Sim::new(config)?);
         return server::serve(listener, sim, shutdown).await;
     }
     let threads = config.threads;
@@ -208,7 +211,7 @@ pub async fn run(
     // the schedulers are spawned on the first shard's runtime
     let sim = {
         let _enter = runtimes[0].enter();
-        Arc::new(server::Sim::new(config))
+        Arc::new(server::Sim::new(config)?)
     };
     let mut done = Vec::with_capacity(threads);
     for (i, rt) in runtimes.into_iter().enumerate() {
@@ -310,7 +313,7 @@ pub async fn spawn(config: SimConfig) -> Result<SimHandle, SimError> {
     let config = config.validate()?;
     let listener = TcpListener::bind(config.bind_addr()).await?;
     let addr = listener.local_addr()?;
-    let sim = Arc::new(server::Sim::new(config));
+    let sim = Arc::new(server::Sim::new(config)?);
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(server::serve(listener, sim.clone(), async move {
         let _ = rx.await;

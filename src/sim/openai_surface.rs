@@ -15,6 +15,7 @@
 
 use serde::Deserialize;
 
+use super::gen::CacheUse;
 use super::text::{Finish, Render};
 
 /// JSON string literal of `s`.
@@ -272,14 +273,18 @@ impl Ctx {
         self
     }
 
-    /// The `usage` object. vLLM sets `prompt_tokens_details` only when details are on and some
-    /// prompt tokens came from the prefix cache (`if enable_prompt_tokens_details and
-    /// num_cached_tokens`): the whole answer says `null` otherwise, the usage chunk leaves the
-    /// key out.
-    fn usage(&self, prompt: u32, completion: u32, cached: u32, full: bool) -> String {
+    /// The `usage` object of a chat (`chat`) or completions answer, whole (`full`) or its
+    /// usage chunk.
+    fn usage(
+        &self,
+        chat: bool,
+        prompt: u32,
+        completion: u32,
+        cache: CacheUse,
+        full: bool,
+    ) -> String {
         let total = prompt + completion;
-        let details =
-            (self.prompt_details && cached > 0).then(|| format!("{{\"cached_tokens\":{cached}}}"));
+        let details = self.prompt_details(chat, full, cache);
         match self.surface {
             Surface::Vllm if full => format!(
                 "{{\"prompt_tokens\":{prompt},\"total_tokens\":{total},\"completion_tokens\":{completion},\"prompt_tokens_details\":{},\"completion_tokens_details\":null}}",
@@ -299,6 +304,29 @@ impl Ctx {
         }
     }
 
+    /// vLLM's `prompt_tokens_details` with `--enable-prompt-tokens-details` (none without):
+    /// chat reports the tokens read from and written to the prefix cache, completions only
+    /// those read; a whole answer writes every key, the streamed usage chunk drops the null
+    /// ones (vLLM serializes it with `exclude_none`).
+    fn prompt_details(&self, chat: bool, full: bool, c: CacheUse) -> Option<String> {
+        if !self.prompt_details {
+            return None;
+        }
+        let (cached, created) = (c.cached, c.created);
+        Some(match (chat, full) {
+            (true, true) => format!(
+                "{{\"cached_tokens\":{cached},\"created_cache_tokens\":{created},\"multimodal_tokens\":null}}"
+            ),
+            (true, false) => {
+                format!("{{\"cached_tokens\":{cached},\"created_cache_tokens\":{created}}}")
+            }
+            (false, true) => format!(
+                "{{\"cached_tokens\":{cached},\"created_cache_tokens\":null,\"multimodal_tokens\":null}}"
+            ),
+            (false, false) => format!("{{\"cached_tokens\":{cached}}}"),
+        })
+    }
+
     /// A whole chat completion.
     pub(crate) fn chat_body(
         &self,
@@ -306,14 +334,14 @@ impl Ctx {
         finish: Finish,
         prompt: u32,
         completion: u32,
-        cached: u32,
+        cache: CacheUse,
     ) -> String {
         let (id, created, model) = (&self.id, self.created, &self.model_json);
         let fr = finish.as_openai();
-        let usage = self.usage(prompt, completion, cached, true);
+        let usage = self.usage(true, prompt, completion, cache, true);
         match self.surface {
             Surface::Vllm => {
-                self.vllm_chat_body(&[(text.to_string(), finish)], prompt, completion, cached)
+                self.vllm_chat_body(&[(text.to_string(), finish)], prompt, completion, cache)
             }
             Surface::Tgi => format!(
                 "{{\"object\":\"chat.completion\",\"id\":\"\",\"created\":{created},\"model\":{model},\"system_fingerprint\":\"{TGI_FINGERPRINT}\",\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":\"{fr}\"}}],\"usage\":{usage}}}"
@@ -331,10 +359,10 @@ impl Ctx {
         choices: &[(String, Finish)],
         prompt: u32,
         completion: u32,
-        cached: u32,
+        cache: CacheUse,
     ) -> String {
         let (id, created, model) = (&self.id, self.created, &self.model_json);
-        let usage = self.usage(prompt, completion, cached, true);
+        let usage = self.usage(true, prompt, completion, cache, true);
         let choices: Vec<String> = choices
             .iter()
             .enumerate()
@@ -356,11 +384,11 @@ impl Ctx {
         finish: Finish,
         prompt: u32,
         completion: u32,
-        cached: u32,
+        cache: CacheUse,
     ) -> String {
         let (id, created, model) = (&self.id, self.created, &self.model_json);
         let fr = finish.as_openai();
-        let usage = self.usage(prompt, completion, cached, true);
+        let usage = self.usage(false, prompt, completion, cache, true);
         match self.surface {
             Surface::Vllm => format!(
                 "{{\"id\":\"{id}\",\"object\":\"text_completion\",\"created\":{created},\"model\":{model},\"choices\":[{{\"index\":0,\"text\":\"{text}\",\"logprobs\":null,\"finish_reason\":\"{fr}\",\"stop_reason\":null,\"token_ids\":null,\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"routed_experts\":null}}],\"service_tier\":null,\"system_fingerprint\":\"{VLLM_FINGERPRINT}\",\"usage\":{usage},\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}}"
@@ -459,7 +487,7 @@ impl Ctx {
         chat: bool,
         prompt: u32,
         completion: u32,
-        cached: u32,
+        cache: CacheUse,
     ) -> String {
         let (id, created, model) = (&self.id, self.created, &self.model_json);
         let object = if chat {
@@ -467,7 +495,7 @@ impl Ctx {
         } else {
             "text_completion"
         };
-        let usage = self.usage(prompt, completion, cached, false);
+        let usage = self.usage(chat, prompt, completion, cache, false);
         match self.surface {
             Surface::Vllm => self.frame(&format!(
                 "{{\"id\":\"{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":{model},\"choices\":[],\"usage\":{usage},\"system_fingerprint\":\"{VLLM_FINGERPRINT}\"}}"
@@ -581,7 +609,7 @@ pub(crate) async fn respond(
                 p.finish,
                 p.prompt_tokens(),
                 p.completion_tokens(),
-                gen.cached,
+                gen.cache_use(),
             )
         } else {
             ctx.completion_body(
@@ -589,7 +617,7 @@ pub(crate) async fn respond(
                 p.finish,
                 p.prompt_tokens(),
                 p.completion_tokens(),
-                gen.cached,
+                gen.cache_use(),
             )
         };
         return Ok(super::server::json(StatusCode::OK, o.json_ct, body));
@@ -640,7 +668,12 @@ pub(crate) async fn respond(
             }
             if include_usage {
                 let p = &gen.plan;
-                let u = ctx.usage_chunk(chat, p.prompt_tokens(), p.completion_tokens(), gen.cached);
+                let u = ctx.usage_chunk(
+                    chat,
+                    p.prompt_tokens(),
+                    p.completion_tokens(),
+                    gen.cache_use(),
+                );
                 if !sink.send(u).await {
                     return;
                 }

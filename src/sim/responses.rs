@@ -34,7 +34,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::gen::Gen;
+use super::gen::{CacheUse, Gen};
 use super::openai_surface::js;
 use super::server::{json, read_body, stream_response, ChunkSink, Sim, SimBody};
 use super::text::{self, Finish, Plan};
@@ -168,7 +168,7 @@ fn opt_js(v: &Option<String>) -> String {
 #[derive(Clone, Copy, Debug)]
 struct Usage {
     input: u32,
-    cached: u32,
+    cache: CacheUse,
     output: u32,
 }
 
@@ -241,11 +241,11 @@ impl Doc {
     }
 
     /// Record the end of the generation.
-    fn finish(&mut self, plan: &Plan, cached: u32) {
+    fn finish(&mut self, plan: &Plan, cache: CacheUse) {
         self.output = Some(plan.text(0, plan.words.len()));
         self.usage = Some(Usage {
             input: plan.prompt_tokens(),
-            cached,
+            cache,
             output: plan.completion_tokens(),
         });
         self.incomplete = plan.finish == Finish::Length;
@@ -275,9 +275,10 @@ impl Doc {
         match self.usage {
             None => "null".into(),
             Some(u) => format!(
-                "{{\"input_tokens\":{},\"input_tokens_details\":{{\"cached_tokens\":{},\"cache_write_tokens\":0,\"input_tokens_per_turn\":[],\"cached_tokens_per_turn\":[]}},\"output_tokens\":{},\"output_tokens_details\":{{\"reasoning_tokens\":0,\"tool_output_tokens\":0,\"output_tokens_per_turn\":[],\"tool_output_tokens_per_turn\":[]}},\"total_tokens\":{}}}",
+                "{{\"input_tokens\":{},\"input_tokens_details\":{{\"cached_tokens\":{},\"cache_write_tokens\":{},\"input_tokens_per_turn\":[],\"cached_tokens_per_turn\":[]}},\"output_tokens\":{},\"output_tokens_details\":{{\"reasoning_tokens\":0,\"tool_output_tokens\":0,\"output_tokens_per_turn\":[],\"tool_output_tokens_per_turn\":[]}},\"total_tokens\":{}}}",
                 u.input,
-                u.cached,
+                u.cache.cached,
+                u.cache.created,
                 u.output,
                 u.input + u.output
             ),
@@ -568,7 +569,7 @@ async fn whole(
     turns: Option<Vec<Turn>>,
 ) -> Response<SimBody> {
     gen.run_to_end().await;
-    doc.finish(&gen.plan, gen.cached);
+    doc.finish(&gen.plan, gen.cache_use());
     let body = doc.render();
     if let Some(turns) = turns {
         sim.responses.finish(doc, turns);
@@ -598,7 +599,7 @@ fn run_background(
                 sim2.responses.update(&doc);
             }
         }
-        doc.finish(&gen.plan, gen.cached);
+        doc.finish(&gen.plan, gen.cache_use());
         sim2.responses.update(&doc);
     });
     sim.responses.set_task(&id, task.abort_handle());
@@ -692,7 +693,7 @@ fn stream(
                 }
             }
         }
-        doc.finish(&gen.plan, gen.cached);
+        doc.finish(&gen.plan, gen.cache_use());
         let text = js(doc.output.as_deref().unwrap_or(""));
         let done = [
             (

@@ -30,6 +30,7 @@ use tokio::task::JoinSet;
 use super::config::{SimConfig, SimKind};
 use super::engine::Engine;
 use super::fault::{FaultMode, FaultRequest, FaultState};
+use super::kv_publisher::KvPublisher;
 use super::metrics::{Counters, ModelStats};
 use super::text::{self, Plan};
 use super::{ollama, tgi, vllm, SimError};
@@ -99,11 +100,19 @@ pub(crate) struct Sim {
     /// Token id → text piece, learned from `/tokenize` calls, so `/detokenize` gives the text
     /// back (at most one entry per id of the tokenizer's fixed id range).
     pub vocab: std::sync::Mutex<std::collections::HashMap<u32, String>>,
+    /// vLLM's KV-cache event publisher (`--kv-events-config`), fed by the engine.
+    kv: Option<KvPublisher>,
 }
 
 impl Sim {
-    pub(crate) fn new(config: SimConfig) -> Sim {
+    /// The simulator of `config`, its schedulers and its KV-event publisher started (inside a
+    /// tokio runtime); fails when the publisher's sockets cannot be bound.
+    pub(crate) fn new(config: SimConfig) -> Result<Sim, SimError> {
         let fault = Arc::new(FaultState::new(config.fault.clone()));
+        let kv = match &config.kv_events {
+            Some(k) if k.enabled() => Some(KvPublisher::start(k, config.host, fault.clone())?),
+            _ => None,
+        };
         let names: Vec<String> = match config.kind {
             SimKind::Ollama => config.models.clone(),
             _ => config.models.iter().take(1).cloned().collect(),
@@ -123,6 +132,7 @@ impl Sim {
                         config.speed,
                         fault.clone(),
                         stats.clone(),
+                        kv.as_ref().map(KvPublisher::sender),
                     )
                 });
                 let preload = config.preloaded || config.kind != SimKind::Ollama;
@@ -142,7 +152,7 @@ impl Sim {
                 }
             })
             .collect();
-        Sim {
+        Ok(Sim {
             permits: Arc::new(Semaphore::new(config.max_concurrent_requests)),
             fault,
             counters: Counters::new(config.max_input_tokens, config.max_model_len),
@@ -150,8 +160,15 @@ impl Sim {
             started_unix: now,
             responses: Default::default(),
             vocab: Default::default(),
+            kv,
             config,
-        }
+        })
+    }
+
+    /// vLLM's `GET /kv_event_sources` body: the publisher's config with its bound endpoints,
+    /// `{}` when events are off (as vLLM answers then).
+    pub(crate) fn kv_event_sources(&self) -> &str {
+        self.kv.as_ref().map_or("{}", KvPublisher::sources_json)
     }
 
     /// Whether plans need prompt token ids (the scheduler's prefix cache, Ollama's `context`).

@@ -606,7 +606,12 @@ async fn tool_call(
         }
         if call.usage {
             let p = &gen.plan;
-            let u = ctx.usage_chunk(true, p.prompt_tokens(), p.completion_tokens(), gen.cached);
+            let u = ctx.usage_chunk(
+                true,
+                p.prompt_tokens(),
+                p.completion_tokens(),
+                gen.cache_use(),
+            );
             if !sink.send(u).await {
                 return;
             }

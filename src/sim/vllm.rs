@@ -57,6 +57,13 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
             format!("{{\"version\":\"{VERSION}\"}}"),
         ),
         ("/v1/models", &Method::GET) => models(sim),
+        ("/kv_event_sources", &Method::GET) => {
+            json(StatusCode::OK, JSON, sim.kv_event_sources().to_string())
+        }
+        ("/reset_prefix_cache", &Method::POST) if sim.config.server_dev_mode => {
+            reset_prefix_cache(sim, req.uri().query()).await
+        }
+        ("/reset_prefix_cache", _) if sim.config.server_dev_mode => method_not_allowed(),
         ("/metrics", &Method::GET) => {
             let m = &sim.models[0];
             let body = super::metrics::render_vllm(
@@ -95,6 +102,7 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
             | "/ping"
             | "/version"
             | "/v1/models"
+            | "/kv_event_sources"
             | "/metrics"
             | "/v1/chat/completions"
             | "/v1/chat/completions/batch"
@@ -121,6 +129,49 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
             Some(_) => method_not_allowed(),
             None => json(StatusCode::NOT_FOUND, JSON, "{\"detail\":\"Not Found\"}"),
         },
+    }
+}
+
+/// vLLM's development route (`VLLM_SERVER_DEV_MODE=1`): drop the prefix cache, refused
+/// (`success: false`) while requests run unless `reset_running_requests=true`. Its
+/// `AllBlocksCleared` event is published with the engine's next step.
+async fn reset_prefix_cache(sim: &Sim, query: Option<&str>) -> Response<SimBody> {
+    let mut force = false;
+    for (k, v) in query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+    {
+        // reset_external concerns a KV connector's cache; the simulator has none
+        if k != "reset_running_requests" && k != "reset_external" {
+            continue;
+        }
+        let Some(b) = query_bool(v) else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("1 validation error:\n  {{'type': 'bool_parsing', 'loc': ('query', '{k}'), 'msg': 'Input should be a valid boolean, unable to interpret input', 'input': '{v}'}}"),
+                "Bad Request",
+                None,
+            );
+        };
+        if k == "reset_running_requests" {
+            force = b;
+        }
+    }
+    let success = match &sim.models[0].engine {
+        Some(engine) => engine.reset_prefix_cache(force).await,
+        // no scheduler, no prefix cache: nothing to drop
+        None => true,
+    };
+    json(StatusCode::OK, JSON, format!("{{\"success\":{success}}}"))
+}
+
+/// A query parameter as FastAPI reads a `bool`.
+fn query_bool(v: &str) -> Option<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" | "t" | "y" => Some(true),
+        "0" | "false" | "off" | "no" | "f" | "n" => Some(false),
+        _ => None,
     }
 }
 
@@ -652,14 +703,15 @@ async fn chat_batch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody>
             Err(_) => return inference_fault_busy(),
         }
     }
-    let (mut prompt_tokens, mut completion, mut cached) = (0, 0, 0);
+    let (mut prompt_tokens, mut completion) = (0, 0);
+    let mut cache = super::gen::CacheUse::default();
     let mut choices = Vec::with_capacity(gens.len());
     for g in &mut gens {
         g.run_to_end().await;
         let p = &g.plan;
         prompt_tokens += p.prompt_tokens();
         completion += p.completion_tokens();
-        cached += g.cached;
+        cache = cache + g.cache_use();
         choices.push((p.text(0, p.words.len()), p.finish));
     }
     let ctx =
@@ -667,7 +719,7 @@ async fn chat_batch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody>
     json(
         StatusCode::OK,
         JSON,
-        ctx.vllm_chat_body(&choices, prompt_tokens, completion, cached),
+        ctx.vllm_chat_body(&choices, prompt_tokens, completion, cache),
     )
 }
 

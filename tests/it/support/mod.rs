@@ -2,11 +2,12 @@
 //! ([`TestGateway`]), real simulators ([`sim`], [`sim_with`] and the [`sim`](mod@sim) helpers),
 //! backends that misbehave at the byte level ([`raw`]), a hand-written recording backend
 //! ([`ScriptedBackend`]), the built binary and the Python clients ([`process`]), one poll
-//! helper with a deadline ([`poll()`], [`eventually`]), one free-port helper ([`free_port`]) and
-//! one-call requests ([`request`]).
+//! helper with a deadline ([`poll()`], [`eventually`]), one free-port helper ([`free_port`]),
+//! one-call requests ([`request`]) and a KV-event subscriber ([`kv`]).
 #![allow(dead_code)]
 
 pub mod chromium;
+pub mod kv;
 pub mod net;
 pub mod poll;
 pub mod process;
