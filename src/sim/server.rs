@@ -192,10 +192,11 @@ impl Sim {
     }
 
     /// A plan of exactly `len` tokens ending by length, as an engine that ignores the end of
-    /// text generates it.
+    /// text generates it, also when it continues an answer the prompt ends with.
     pub(crate) fn plan_to_length(&self, seed: u64, model: &str, prompt: &str, len: u32) -> Plan {
-        // A natural length beyond the cap: the cap ends the answer.
-        let beyond = len.saturating_add(1);
+        // A natural length nothing reaches: only the cap ends the answer. (One just beyond the
+        // cap would end a continued answer early, by the words already given.)
+        let beyond = u32::MAX;
         Plan::new(
             seed,
             model,

@@ -261,6 +261,87 @@ async fn the_simulators_enforce_their_engines_context_limits() {
     assert_eq!(v["prompt_eval_count"], 2047, "{v}");
 }
 
+/// `ignore_eos` also holds when the prompt ends with the start of its own answer (an open
+/// assistant message, or a completions prompt with the text so far): the answer goes on where
+/// it stands and runs to `max_tokens`, as a real vLLM does, not to the simulator's natural
+/// length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continued_answer_with_ignore_eos_runs_to_max_tokens() {
+    let s = sim_with(vllm("ctx-cont", 8192).output_tokens(3, 5)).await;
+    let c = client();
+    let chat_url = format!("{}/v1/chat/completions", s.url());
+    // an answer far past the model's natural 3-5 tokens
+    let mut body = json!({"model": "ctx-cont", "max_tokens": 40, "ignore_eos": true, "seed": 9,
+        "messages": [{"role": "user", "content": "Tell me"}]});
+    let whole = support::request::post_for_json(&c, &chat_url, &body).await;
+    let text = whole["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(whole["usage"]["completion_tokens"], 40, "{whole}");
+    let words: Vec<&str> = text.split_inclusive(' ').collect();
+    let partial = words[..21].concat().trim_end().to_string();
+    let expected_next: String = words[21..].concat();
+    body["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": partial}));
+    body["continue_final_message"] = json!(true);
+    body["add_generation_prompt"] = json!(false);
+    body["max_tokens"] = json!(30);
+    for stream in [false, true] {
+        body["stream"] = json!(stream);
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let r = post_json(&c, &chat_url, &body).await;
+        let (tokens, rest, finish) = if stream {
+            let events = sse_data(&r.text().await.unwrap());
+            let chunks: Vec<Value> = events
+                .iter()
+                .filter_map(|e| serde_json::from_str(e).ok())
+                .collect();
+            let rest: String = chunks
+                .iter()
+                .filter_map(|v| v["choices"][0]["delta"]["content"].as_str())
+                .collect();
+            let finish = chunks
+                .iter()
+                .find_map(|v| v["choices"][0]["finish_reason"].as_str().map(String::from));
+            let usage = chunks.iter().find(|v| v["usage"].is_object()).unwrap();
+            (usage["usage"]["completion_tokens"].clone(), rest, finish)
+        } else {
+            let v: Value = r.json().await.unwrap();
+            let rest = v["choices"][0]["message"]["content"].as_str().unwrap();
+            let finish = v["choices"][0]["finish_reason"].as_str().map(String::from);
+            (
+                v["usage"]["completion_tokens"].clone(),
+                rest.to_string(),
+                finish,
+            )
+        };
+        assert_eq!(tokens, 30, "stream {stream}: {rest:?}");
+        assert_eq!(finish.as_deref(), Some("length"));
+        // it continues the same answer: the words after the given ones come first
+        assert!(
+            rest.trim_start().starts_with(&expected_next),
+            "stream {stream}: {rest:?}"
+        );
+    }
+    // completions: the prompt with the text so far appended
+    let done = json!({"model": "ctx-cont", "prompt": "Once", "max_tokens": 40, "ignore_eos": true});
+    let url = format!("{}/v1/completions", s.url());
+    let first = support::request::post_for_json(&c, &url, &done).await;
+    let text = first["choices"][0]["text"].as_str().unwrap();
+    let cut: String = text.split_inclusive(' ').take(30).collect();
+    let cut = cut.trim_end();
+    let more = json!({"model": "ctx-cont", "prompt": format!("Once{cut}"), "max_tokens": 25,
+        "ignore_eos": true});
+    let v = support::request::post_for_json(&c, &url, &more).await;
+    assert_eq!(v["usage"]["completion_tokens"], 25, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert!(
+        text[cut.len()..].starts_with(v["choices"][0]["text"].as_str().unwrap().get(..10).unwrap())
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_vllm_simulator_honours_ignore_eos() {
     let s = sim_with(vllm("ctx-eos", 8192).output_tokens(3, 5)).await;
