@@ -46,6 +46,7 @@ mod redis_shared;
 mod routing_load_aware;
 mod routing_tokenize;
 mod server_threads;
+mod sim_cache_usage;
 mod sim_config;
 mod sim_engine_metrics;
 mod sim_faults;
