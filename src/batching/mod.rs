@@ -223,8 +223,12 @@ impl<T> Batch<T> {
         // vLLM computes at least the last prompt token and its hits are whole blocks
         let most = q.prompt_len.saturating_sub(1) / block;
         let hit = self.prefix.hit_blocks(&q.blocks).min(most);
-        // stored before the insertion evicts, so a listener never sees a block removed
-        // before it was stored
+        if self.prefix.listening() {
+            // a listener hears the evictions the new blocks cause first, as vLLM publishes them
+            self.prefix.make_room(&q.blocks, q.unique_blocks);
+        }
+        // stored before the insertion evicts anything more (only a prompt larger than the
+        // cache does), so a listener never sees a block removed before it was stored
         (self.prefix).note_stored(&q.blocks, hit as usize, &q.tokens);
         self.prefix.insert_run(&q.blocks, q.unique_blocks);
         hit * block

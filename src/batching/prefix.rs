@@ -163,6 +163,31 @@ impl PrefixCache {
         });
     }
 
+    /// Whether a listener is recording events.
+    pub fn listening(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// Before the prompt `hashes` (and `unique` unshareable blocks) is inserted, evict what
+    /// its new blocks will need, as vLLM's allocation evicts before the blocks are stored (so
+    /// a listener hears the removals first). Evicts exactly what the insertion would: the
+    /// prompt's cached blocks are refreshed first and never chosen.
+    pub fn make_room(&mut self, hashes: &[u64], unique: u32) {
+        let mut kept = 0;
+        let mut new = unique as usize;
+        for h in hashes.iter().rev() {
+            match self.blocks.get(h) {
+                Some(&n) => {
+                    self.unlink(n);
+                    self.push_front(n);
+                    kept += 1;
+                }
+                None => new += 1,
+            }
+        }
+        self.evict_to(self.capacity.saturating_sub(new).max(kept));
+    }
+
     /// Drop every block (vLLM's prefix-cache reset).
     pub fn clear(&mut self) {
         self.blocks.clear();
@@ -225,9 +250,14 @@ impl PrefixCache {
 
     /// Drop least recently used blocks until the cache holds at most its capacity.
     fn evict(&mut self) {
-        while self.held > self.capacity && self.tail != NONE {
+        self.evict_to(self.capacity);
+    }
+
+    /// Drop least recently used blocks until the cache holds at most `limit`.
+    fn evict_to(&mut self, limit: usize) {
+        while self.held > limit && self.tail != NONE {
             let old = self.tail;
-            let excess = (self.held - self.capacity) as u32;
+            let excess = (self.held - limit) as u32;
             let node = &mut self.nodes[old as usize];
             if node.weight > excess {
                 node.weight -= excess;

@@ -174,7 +174,18 @@ fn a_listener_that_applies_the_events_holds_what_the_cache_holds() {
         p.extend(prompt(100 + i % 7, 1 + i % 2));
         let ids = p.clone();
         run(&mut b, listened(i, p));
-        for e in b.take_cache_events() {
+        let events = b.take_cache_events();
+        // as vLLM publishes them: the evictions the new blocks caused, then the store
+        let first_store = events
+            .iter()
+            .position(|e| matches!(e, CacheEvent::Stored { .. }));
+        let last_removal = events
+            .iter()
+            .rposition(|e| matches!(e, CacheEvent::Removed(_)));
+        if let (Some(s), Some(r)) = (first_store, last_removal) {
+            assert!(r < s, "prompt {i}: {events:?}");
+        }
+        for e in events {
             match e {
                 CacheEvent::Stored { hashes, .. } => held.extend(hashes),
                 CacheEvent::Removed(h) => {
@@ -208,6 +219,24 @@ fn a_reset_waits_for_running_sequences_unless_forced_and_is_heard() {
     b.take_done(|_| {});
     assert!(b.reset_prefix_cache(false));
     assert_eq!(run(&mut b, listened(1, prompt(1, 2))), 0, "nothing cached");
+}
+
+#[test]
+fn a_prompt_larger_than_the_cache_is_stored_then_trimmed() {
+    let t = Timing {
+        prefix_cache_tokens: Some(8),
+        ..timing(8, 1000)
+    };
+    let mut b = Batch::new(t);
+    b.listen();
+    let p = prompt(1, 3);
+    let h = block_hashes(&p, 4);
+    run(&mut b, listened(0, p));
+    let events = b.take_cache_events();
+    assert!(matches!(&events[0], CacheEvent::Stored { hashes, .. } if *hashes == h));
+    // the cache keeps the prompt's first two blocks; the listener hears the third go after
+    // it was stored
+    assert_eq!(events[1..], [CacheEvent::Removed(h[2])]);
 }
 
 #[test]

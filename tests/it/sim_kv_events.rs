@@ -328,6 +328,13 @@ async fn evicted_blocks_are_removed_after_they_were_stored() {
     let mut held = HashSet::new();
     let mut removed = 0;
     for (seq, b) in &all {
+        // the removals a step's allocation caused come before its stores, as in vLLM
+        let kinds: Vec<bool> = b
+            .events
+            .iter()
+            .map(|e| matches!(e, Event::BlockStored(_)))
+            .collect();
+        assert!(kinds.windows(2).all(|w| w[0] <= w[1]), "seq {seq}: {b:?}");
         for e in &b.events {
             match e {
                 Event::BlockStored(s) => held.extend(s.block_hashes.iter().copied()),
