@@ -4,7 +4,7 @@
 //! Invariants: a parsed [`KvEventsConfig`] has vLLM's defaults for every key it did not name,
 //! unknown keys are refused (vLLM's config class refuses them too), and an enabled one names
 //! `tcp://` endpoints (the simulator has no ipc or inproc transport). The endpoints reported
-//! by `/kv_event_sources` are the bound ones (see [`Place`]).
+//! by `/kv_event_sources` are the bound ones (see `place`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 

@@ -10,6 +10,8 @@
 //! - `gen`: one generation as a handler sees it (fast path at speed 0, or scheduled).
 //! - `text`: deterministic text and the documented simple tokenizer.
 //! - [`fault`]: run-time faults and their shared state.
+//! - [`kv_config`]: vLLM's `--kv-events-config` (defaults, bind or connect, `/kv_event_sources`).
+//! - `kv_publisher`: the KV-cache event publisher (PUB socket, sequence numbers, replay).
 //! - `openai_surface`: the OpenAI-compatible bodies with per-engine quirks.
 //! - `vllm`, `tgi`, `ollama`: the personalities.
 //! - `responses`, `anthropic`: vLLM's OpenAI Responses API (with its response store) and its
@@ -42,6 +44,11 @@
 //!   - `refuse`: new connections are reset, kept-alive ones closed at their next request, except
 //!     connections whose first bytes are a `/sim/` request; `seconds` > 0 reverts by itself.
 //!     (The listener stays open, so a client sees a reset rather than ECONNREFUSED.)
+//!   - `kv_skip`: the vLLM KV-event publisher does not send the batches numbered `seqs` (a list
+//!     of sequence numbers); they are numbered and kept for replay all the same, so a subscriber
+//!     sees a gap it can fill from replay. Requests are served normally.
+//!   - `kv_lost`: as `kv_skip`, and the replay socket answers nothing at all (not even the end
+//!     marker): the gap cannot be filled.
 //! - `GET /sim/fault`: the active fault.
 //! - `GET /sim/state`: `{"kind","speed","mode","fault":{…},"waiting","running","max_num_seqs",
 //!   "models":[{"name","waiting","running","kv_used_tokens","kv_capacity_tokens","kv_usage",
@@ -55,9 +62,28 @@
 //! - vLLM: every `--model` is a served alias of one engine (`--served-model-name a b`): any
 //!   alias (or no `model`) is accepted, responses and the `model_name` metrics label use the
 //!   first name, and an unknown name gets 404 "The model `x` does not exist. Valid aliases: a, b.".
-//!   With `--enable-prompt-tokens-details` (off by default, as in vLLM) the usage of a request
-//!   whose prompt hit the prefix cache carries `prompt_tokens_details.cached_tokens` (whole
-//!   answer and streamed usage chunk; left out on a miss, as vLLM does).
+//!   With `--enable-prompt-tokens-details` (off by default, as in vLLM) every usage carries
+//!   `prompt_tokens_details` as vLLM 0.32 writes it: chat `{"cached_tokens","created_cache_tokens",
+//!   "multimodal_tokens":null}` (its streamed usage chunk without the null), completions
+//!   `cached_tokens` only; `cached_tokens` is the prefix-cache hit (whole blocks, never the
+//!   block of the last prompt token), `created_cache_tokens` the prompt's other whole blocks.
+//!   Messages then reports `cache_read_input_tokens` and `cache_creation_input_tokens` apart
+//!   from `input_tokens` (final usage only); Responses always reports `cached_tokens` and
+//!   `cache_write_tokens`.
+//!
+//!   KV-cache events: `--kv-events-config` (vLLM's JSON; needs a speed above 0) publishes the
+//!   prefix cache's changes over ZMQ as vLLM 0.32 does: one batch per engine step that stored
+//!   or evicted blocks, `[topic, seq, msgpack]` from seq 0, `BlockStored` (engine hashes = the
+//!   simulator's chained block hashes, the blocks' prompt tokens, medium `GPU`, group 0,
+//!   `full_attention`, `extra_keys` null per block), one `BlockRemoved` per evicted block,
+//!   `AllBlocksCleared`; the last `buffer_steps` batches on the replay ROUTER (`kv_publisher`
+//!   has the framing). The publisher binds when its endpoint has a wildcard host and connects
+//!   otherwise; `tcp://*:0` binds a free port of `--host` (vLLM binds its node's address) and
+//!   any port-0 bind is reported with its real port: `GET /kv_event_sources` answers
+//!   `{"0":{…config, endpoints as bound}}`, `{}` without events. `--server-dev-mode` (vLLM's
+//!   `VLLM_SERVER_DEV_MODE=1`) serves `POST /reset_prefix_cache[?reset_running_requests=true]`:
+//!   `{"success":false}` while requests run unless forced; its `AllBlocksCleared` is published
+//!   with the engine's next step, as vLLM does.
 //!
 //!   vLLM also serves `POST /v1/responses` (whole, or typed SSE events without `[DONE]`),
 //!   `POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic's shapes; validation errors
@@ -97,7 +123,13 @@
 //!
 //! # Simplifications (known differences from the real engines)
 //! - No preemption: a request reserves `prompt + max output` KV tokens when admitted, so
-//!   `vllm:num_preemptions_total` stays 0; requests wait instead.
+//!   `vllm:num_preemptions_total` stays 0; requests wait instead. A forced prefix-cache reset
+//!   leaves running requests running.
+//! - Only prompt blocks are cached: vLLM also caches (and announces with `BlockStored`) a
+//!   block that fills up during decoding, whose tokens include generated ones; the simulator
+//!   does not. KV events carry no LoRA, multimodal or cache-salt keys; `hwm` is reported but
+//!   the PUB socket's per-subscriber queue is fixed at 100 000 messages (vLLM's default);
+//!   only `tcp://` endpoints, one data-parallel rank.
 //! - `n > 1`, `stop` sequences, logprobs, tools and response formats are accepted and ignored,
 //!   except TGI's chat completions, which call a tool as TGI does when `tool_choice` forces one
 //!   (`required` or a named function; `tgi_tools`);
