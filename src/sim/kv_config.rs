@@ -244,7 +244,7 @@ mod tests {
         for bad in [
             r#"{"enable_kv_cache_events":true,"publisher":"kafka"}"#,
             r#"{"enable_kv_cache_events":true,"bogus":1}"#,
-            r#"{"enable_kv_cache_events":true,"endpoint":"ipc:///tmp/x"}"#,
+            r#"{"enable_kv_cache_events":true,"endpoint":"ipc://kv-events"}"#,
             r#"{"enable_kv_cache_events":true,"endpoint":"tcp://*:port"}"#,
             r#"{"enable_kv_cache_events":true,"buffer_steps":-1}"#,
             "not json",
