@@ -591,3 +591,66 @@ async fn events_are_a_vllm_flag_of_a_scheduled_simulator() {
         .set_fault(Fault::mode(FaultMode::KvSkip).with_seqs(vec![0]))
         .unwrap();
 }
+
+/// The gateway's own subscriber (fleet/kv) follows the simulator's publisher: discovery from
+/// `/kv_event_sources`, the replay from 0, live batches, a reset. The endpoints are `tcp://*:N`:
+/// the gateway takes a concrete host for a publisher that connects, which is what vLLM (and
+/// the simulator) reports for `tcp://*:0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_follows_the_simulators_events() {
+    let (p, r) = (crate::support::free_port(), crate::support::free_port());
+    let cfg = KvEventsConfig::from_json(&format!(
+        r#"{{"enable_kv_cache_events":true,"endpoint":"tcp://*:{p}","replay_endpoint":"tcp://*:{r}","topic":"kv"}}"#
+    ))
+    .unwrap();
+    let sim = spawn(vllm().kv_events_config(cfg).server_dev_mode(true))
+        .await
+        .unwrap();
+    let c = client();
+    let url = sim.url();
+    let toml = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n{}{}",
+        crate::support::STEADY_HEALTH,
+        crate::support::backend("v", "vllm", &url, &[MODEL])
+    );
+    let g = crate::support::TestGateway::start_healthy(&toml).await;
+    let kv = |g: &crate::support::TestGateway| {
+        let g_url = g.admin_url("/admin/backends");
+        let c = c.clone();
+        async move {
+            let v: Value = c.get(g_url).send().await.ok()?.json().await.ok()?;
+            Some(v["backends"][0]["kv_cache"].clone())
+        }
+    };
+    poll(
+        Duration::from_secs(10),
+        "the gateway subscribed",
+        || async { kv(&g).await.filter(|k| k["status"] == "warm") },
+    )
+    .await;
+    let msgs = messages("Followed by the gateway.", &question("gateway"));
+    let whole = prompt_ids(&c, &url, &msgs).await.len() / BLOCK as usize;
+    chat(&c, &url, &msgs).await;
+    poll(Duration::from_secs(10), "the blocks indexed", || async {
+        kv(&g).await.filter(|k| k["blocks"] == whole)
+    })
+    .await;
+    let r = c
+        .post(format!("{url}/reset_prefix_cache"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let next = messages("Be brief.", &question("after the reset"));
+    let whole_next = prompt_ids(&c, &url, &next).await.len() / BLOCK as usize;
+    chat(&c, &url, &next).await;
+    let after = poll(Duration::from_secs(10), "the reset applied", || async {
+        kv(&g).await.filter(|k| k["batches"] == 2)
+    })
+    .await;
+    // the first prompt's blocks are gone with the reset; the index stayed in step
+    assert_eq!(after["blocks"], whole_next, "{after}");
+    assert_eq!(after["status"], "warm", "{after}");
+    assert_eq!(after["rebuilds"], 1, "only the initial build: {after}");
+    g.stop().await;
+}
