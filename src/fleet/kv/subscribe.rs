@@ -3,9 +3,11 @@
 //! knows.
 //!
 //! - Publisher: `kv_events = "tcp://…"`, else the engine's `GET /kv_event_sources` (rank 0; a
-//!   wildcard host becomes the backend's host). An engine whose publisher *connects* (a
-//!   concrete host) expects its subscriber to bind, which several gateway replicas cannot all
-//!   do: such a backend stays `off`, with a warning.
+//!   wildcard host becomes the backend's host, a concrete one is dialled as given: vLLM reports
+//!   its node's address for a `tcp://*:0` endpoint it bound). An engine whose publisher
+//!   *connects* (a concrete host in its own setting) expects one subscriber that binds, which
+//!   several gateway replicas cannot all be: dialling it fails, and the backend stays without
+//!   events (`lost`), retried.
 //! - On every (re)connection the index is rebuilt from a replay from sequence 0: complete when
 //!   the engine still buffers its first batch (`warm`), a lower bound otherwise (`cold`). A
 //!   reconnect may follow an engine restart, whose sequence numbers start again; only a fresh
@@ -43,8 +45,6 @@ pub enum SubscribeError {
     Sources(String),
     #[error("the engine publishes no KV events")]
     Disabled,
-    #[error("publisher {0} connects to its subscriber (a concrete host): use a `*` endpoint")]
-    Connects(String),
     #[error("zmq: {0}")]
     Zmq(#[from] zeromq::ZmqError),
     #[error("no answer within {0:?}")]
@@ -91,12 +91,8 @@ pub fn parse_sources(body: &[u8], host: &str) -> Result<Source, SubscribeError> 
     else {
         return Err(SubscribeError::Disabled);
     };
-    let dial = kvevents::dial_endpoint(endpoint, host);
-    if dial == endpoint && endpoint.starts_with("tcp://") && !endpoint.contains("://*") {
-        return Err(SubscribeError::Connects(endpoint.to_string()));
-    }
     Ok(Source {
-        endpoint: dial,
+        endpoint: kvevents::dial_endpoint(endpoint, host),
         replay: c
             .replay_endpoint
             .as_deref()
@@ -123,10 +119,6 @@ pub async fn run(backend: Arc<Backend>) {
                 tracing::info!(backend = backend.name(), error = %err, "KV events: subscription ended");
             }
             Err(SubscribeError::Disabled) => kv.set_status(Status::Off),
-            Err(e @ SubscribeError::Connects(_)) => {
-                tracing::warn!(backend = backend.name(), error = %e, "KV events: not subscribed");
-                kv.set_status(Status::Off);
-            }
             Err(e) => tracing::debug!(backend = backend.name(), error = %e, "KV events: no source"),
         }
         tokio::time::sleep(RETRY_EVERY).await;
@@ -351,11 +343,13 @@ mod tests {
             parse_sources(off, "h"),
             Err(SubscribeError::Disabled)
         ));
-        let connects = br#"{"0":{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://10.0.0.1:5557"}}"#;
-        assert!(matches!(
-            parse_sources(connects, "h"),
-            Err(SubscribeError::Connects(_))
-        ));
+        // vLLM reports its node's address for a `tcp://*:0` it bound: dialled as given
+        let bound = br#"{"0":{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://10.0.0.1:41234"}}"#;
+        let s = parse_sources(bound, "h").unwrap();
+        assert_eq!(
+            (s.endpoint.as_str(), s.replay),
+            ("tcp://10.0.0.1:41234", None)
+        );
         assert!(matches!(
             parse_sources(b"{}", "h"),
             Err(SubscribeError::Disabled)
