@@ -99,7 +99,10 @@ impl Prompt {
         if let Some((_, h)) = memo.iter().find(|(b, _)| *b == block) {
             return h.clone();
         }
-        let h: Arc<[u64]> = prompt_hashes(&self.ids, block, self.lora.as_deref()).into();
+        // An engine recomputes the last prompt token, and a hit is whole blocks: only blocks
+        // that end before the last token can be hits (vLLM caps the hit at prompt - 1).
+        let usable = &self.ids[..self.ids.len().saturating_sub(1)];
+        let h: Arc<[u64]> = prompt_hashes(usable, block, self.lora.as_deref()).into();
         memo.push((block, h.clone()));
         h
     }
