@@ -654,3 +654,70 @@ async fn the_gateway_follows_the_simulators_events() {
     assert_eq!(after["rebuilds"], 1, "only the initial build: {after}");
     g.stop().await;
 }
+
+/// An engine restart through the gateway: the subscription is `lost` (lookups answer nothing)
+/// while the engine is gone, and the index is rebuilt from the new engine alone when it is back
+/// on the same ports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_loses_a_restarted_engines_index_and_rebuilds_it_from_the_new_one() {
+    let (p, r) = (crate::support::free_port(), crate::support::free_port());
+    let cfg = KvEventsConfig::from_json(&format!(
+        r#"{{"enable_kv_cache_events":true,"endpoint":"tcp://*:{p}","replay_endpoint":"tcp://*:{r}","topic":"kv"}}"#
+    ))
+    .unwrap();
+    let a = spawn(vllm().kv_events_config(cfg.clone())).await.unwrap();
+    let c = client();
+    let url = a.url();
+    let toml = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n{}{}",
+        crate::support::FAST_HEALTH,
+        crate::support::backend("v", "vllm", &url, &[MODEL])
+    );
+    let g = crate::support::TestGateway::start_healthy(&toml).await;
+    let kv = || {
+        let g_url = g.admin_url("/admin/backends");
+        let c = c.clone();
+        async move {
+            let v: Value = c.get(g_url).send().await.ok()?.json().await.ok()?;
+            Some(v["backends"][0]["kv_cache"].clone())
+        }
+    };
+    let before = messages("Before the restart.", &question("before"));
+    let whole = prompt_ids(&c, &url, &before).await.len() / BLOCK as usize;
+    poll(Duration::from_secs(10), "subscribed", || async {
+        kv().await.filter(|k| k["status"] == "warm")
+    })
+    .await;
+    chat(&c, &url, &before).await;
+    poll(Duration::from_secs(10), "indexed", || async {
+        kv().await.filter(|k| k["blocks"] == whole)
+    })
+    .await;
+    let http_port: u16 = url.rsplit(':').next().unwrap().parse().unwrap();
+    a.shutdown().await;
+    poll(Duration::from_secs(10), "lost", || async {
+        kv().await.filter(|k| k["status"] == "lost")
+    })
+    .await;
+    // the same ports, a new engine with an empty cache
+    let b = poll(Duration::from_secs(10), "the ports free again", || {
+        let cfg = vllm().kv_events_config(cfg.clone()).port(http_port);
+        async move { spawn(cfg).await.ok() }
+    })
+    .await;
+    let fresh = poll(Duration::from_secs(20), "followed again", || async {
+        kv().await.filter(|k| k["status"] == "warm")
+    })
+    .await;
+    assert_eq!(fresh["blocks"], 0, "nothing of the old engine: {fresh}");
+    let after = messages("After the restart.", &question("after"));
+    let whole_after = prompt_ids(&c, &b.url(), &after).await.len() / BLOCK as usize;
+    chat(&c, &b.url(), &after).await;
+    poll(
+        Duration::from_secs(10),
+        "the new engine indexed",
+        || async { kv().await.filter(|k| k["blocks"] == whole_after) },
+    )
+    .await;
+    g.stop().await;
+}
