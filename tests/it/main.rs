@@ -57,6 +57,7 @@ mod sim_vllm;
 mod sim_vllm_surface;
 mod tenants_limits;
 mod tenants_secrets;
+mod tokenizer_vllm;
 mod upstream_h1;
 mod zero_context;
 mod zero_rescue;
