@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value as Json;
 use tokenizers::AddedToken;
 
+use super::encode::Encoder;
 use super::TokenizerError;
 
 /// The special tokens a template is given, from `tokenizer_config.json`.
@@ -48,7 +49,7 @@ impl Specials {
 
 /// What a folder holds.
 pub(crate) struct Folder {
-    pub(crate) encoder: tokenizers::Tokenizer,
+    pub(crate) encoder: Encoder,
     /// `(name, source, the file it comes from)`, `default` first.
     pub(crate) templates: Vec<(String, String, PathBuf)>,
     pub(crate) specials: Specials,
@@ -113,15 +114,13 @@ fn specials(config: &Json) -> Specials {
     }
 }
 
-fn encoder(
-    path: &Path,
-    config: &Json,
-    specials: &Specials,
-) -> Result<tokenizers::Tokenizer, TokenizerError> {
+fn encoder(path: &Path, config: &Json, specials: &Specials) -> Result<Encoder, TokenizerError> {
     let bytes = std::fs::read(path).map_err(|source| TokenizerError::Read {
         path: path.to_path_buf(),
         source,
     })?;
+    let json: Json =
+        serde_json::from_slice(&bytes).map_err(|e| invalid(path, format!("not JSON: {e}")))?;
     let mut t = tokenizers::Tokenizer::from_bytes(&bytes)
         .map_err(|e| invalid(path, format!("not a tokenizer: {e}")))?;
     t.with_truncation(None)
@@ -142,7 +141,7 @@ fn encoder(
         t.add_special_tokens(missing)
             .map_err(|e| invalid(path, format!("adding special tokens: {e}")))?;
     }
-    Ok(t)
+    Ok(Encoder::new(t, &json))
 }
 
 type Named = Vec<(String, String, PathBuf)>;

@@ -11,7 +11,9 @@
 //!   them; a request may ask for them with `add_special_tokens: true`);
 //! - the completions path ([`Tokenizer::prompt_ids`]): the prompt encoded **with** special
 //!   tokens (the BOS a post-processor adds, as vLLM's completions and `/tokenize` do), unless
-//!   the request turns them off.
+//!   the request turns them off;
+//! - encoding ([`encode`], [`split`]): the tokenizer's own pipeline, or for byte-level BPE
+//!   tokenizers a direct path that gives the same ids about fifteen times faster.
 //!
 //! Invariants:
 //! - No panic on request input: a body the engine would refuse, or one this module cannot
@@ -19,7 +21,8 @@
 //!   guess.
 //! - Everything that does not depend on the request (the tokenizer, the compiled templates and
 //!   what is read from them) is built once, at [`Tokenizer::load`]; a [`Tokenizer`] is
-//!   immutable, `Send + Sync`, and shared in an `Arc`.
+//!   `Send + Sync` and shared in an `Arc`, its only changing state the encoder's bounded
+//!   cache of words' ids.
 //! - A render is bounded in work (the template engine's fuel), so a hostile template or
 //!   request cannot hold a thread.
 //!
@@ -30,8 +33,10 @@
 
 mod content_format;
 mod conversation;
+mod encode;
 mod folder;
 mod pyjson;
+mod split;
 mod strftime;
 mod template;
 
@@ -42,6 +47,7 @@ use indexmap::IndexMap;
 use minijinja::Value;
 
 use conversation::ChatRequest;
+use encode::Encoder;
 use folder::{Folder, Specials};
 use template::{Chosen, Templates};
 
@@ -74,7 +80,7 @@ pub enum TokenizerError {
 /// A model's tokenizer and chat templates, loaded once (see the module doc).
 pub struct Tokenizer {
     dir: PathBuf,
-    encoder: tokenizers::Tokenizer,
+    encoder: Encoder,
     templates: Templates,
     specials: Specials,
 }
@@ -155,9 +161,8 @@ impl Tokenizer {
 
     fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizerError> {
         self.encoder
-            .encode_fast(text, add_special)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| TokenizerError::Encode(e.to_string()))
+            .encode(text, add_special)
+            .map_err(TokenizerError::Encode)
     }
 
     /// The rendered prompt of a chat request and whether special tokens are added to it.
