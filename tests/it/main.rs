@@ -53,6 +53,7 @@ mod sim_ollama;
 mod sim_python_oracles;
 mod sim_tgi;
 mod sim_timing;
+mod sim_tokenizer;
 mod sim_vllm;
 mod sim_vllm_surface;
 mod tenants_limits;
