@@ -11,7 +11,7 @@
 //! - The facts vLLM reads from a template's text (its content form, whether it knows the
 //!   `developer` role, whether it mentions `content`) are computed once, at load.
 
-use minijinja::value::{Kwargs, Value};
+use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind};
 
 use super::content_format::{self, ContentFormat};
@@ -122,7 +122,34 @@ fn environment() -> Result<Environment<'static>, String> {
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", |format: String| strftime_now(&format));
     env.add_filter("tojson", tojson);
+    env.add_test("iterable", is_iterable);
+    env.add_test("sequence", is_sequence);
     Ok(env)
+}
+
+/// Jinja's `iterable` test as Python answers it: `none is iterable` is false (templates write
+/// `tools is iterable and tools | length > 0`), an undefined value is (Jinja's `Undefined`
+/// iterates as empty), and so are strings.
+fn is_iterable(v: &Value) -> bool {
+    match v.kind() {
+        ValueKind::Undefined => true,
+        ValueKind::None | ValueKind::Bool | ValueKind::Number | ValueKind::Invalid => false,
+        ValueKind::String | ValueKind::Bytes | ValueKind::Seq | ValueKind::Map => true,
+        _ => v.try_iter().is_ok(),
+    }
+}
+
+/// Jinja's `sequence` test as Python answers it (has a length and items): strings, lists,
+/// maps and undefined values.
+fn is_sequence(v: &Value) -> bool {
+    matches!(
+        v.kind(),
+        ValueKind::Undefined
+            | ValueKind::String
+            | ValueKind::Bytes
+            | ValueKind::Seq
+            | ValueKind::Map
+    )
 }
 
 /// The template's own refusal (a role it does not accept, a missing system message, …).
@@ -178,6 +205,19 @@ mod tests {
             render(source, ctx).as_deref(),
             Ok("<user>hi\nno tools {\"b\": 1, \"a\": [0.5, \"é<>\"]} True")
         );
+    }
+
+    #[test]
+    fn iterable_and_sequence_answer_as_python() {
+        let source = "{% for v in [none, 1, true, 'ab', [1], {'a': 1}, nothing] %}\
+            {{ v is iterable }}/{{ v is sequence }} {% endfor %}";
+        assert_eq!(
+            render(source, Value::from(())).as_deref(),
+            Ok("False/False False/False False/False True/True True/True True/True True/True ")
+        );
+        let tools = "{% if tools is iterable and tools | length > 0 %}tools{% endif %}ok";
+        let none = minijinja::context! { tools => Value::from(()) };
+        assert_eq!(render(tools, none).as_deref(), Ok("ok"));
     }
 
     #[test]
