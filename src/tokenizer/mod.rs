@@ -257,7 +257,8 @@ fn mark_last_text_part(parts: &Value) -> Option<(String, Value)> {
         Some((i, text.as_str()?.to_owned()))
     })?;
     let marked = Value::from(format!("{text}{CONTINUE_TAG}"));
-    items[index] = replaced(&items[index], "text", marked);
+    let part = items.get_mut(index)?;
+    *part = replaced(part, "text", marked);
     Some((text, Value::from(items)))
 }
 
