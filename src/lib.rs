@@ -8,7 +8,9 @@
 //! 1. [`telemetry`]: logs, metric names, the access record and request ids; [`batching`]: the
 //!    continuous-batching engine model without a clock (shared by [`sim`] and [`plan`]);
 //!    [`kvevents`]: vLLM's KV-cache events on the wire (subscribed to by [`fleet`], published by
-//!    [`sim`]).
+//!    [`sim`]);
+//!    [`tokenizer`]: a model's own tokenizer and chat template, giving the prompt token ids a
+//!    vLLM engine computes.
 //! 2. [`rt`]: the current serving thread's index, the default number of serving threads.
 //! 3. [`tls`]: TLS material from plain inputs: CA bundles, server certificates, the backend
 //!    client config.
@@ -33,7 +35,7 @@
 //! 18. [`demo`]: `sluice demo`, a gateway in front of an embedded simulated fleet.
 //!
 //! Standalone: [`sim`], the backend simulator behind `sluice sim` and `sluice demo` (names
-//! only layer 1: [`telemetry`], [`batching`], [`kvevents`]).
+//! only layer 1: [`telemetry`], [`batching`], [`kvevents`], [`tokenizer`]).
 //!
 //! The entry point for embedding and tests is [`run`] (in [`app`]): it serves a bound listener
 //! until the shutdown future resolves.
@@ -62,6 +64,7 @@ pub mod settle;
 pub mod sim;
 pub mod telemetry;
 pub mod tls;
+pub mod tokenizer;
 pub mod upstream;
 
 pub use app::{run, run_with, serve_gateway, RunError};

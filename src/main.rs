@@ -186,6 +186,12 @@ fn check(path: &std::path::Path) -> anyhow::Result<()> {
                 c.models.len(),
                 c.keys.len()
             );
+            // the check loaded every tokenizer folder; say which
+            for m in &c.models {
+                if let Some(t) = &m.tokenizer {
+                    println!("model {}: tokenizer {}", m.name, t.dir().display());
+                }
+            }
             Ok(())
         }
         Err(e) => {

@@ -343,6 +343,9 @@ pub struct ModelSection {
     pub aliases: Vec<String>,
     /// Routing policy for this model (overrides `[routing].policy`).
     pub policy: Option<String>,
+    /// The model's tokenizer folder (`tokenizer.json`, `tokenizer_config.json`, the chat
+    /// template), read at load so the gateway computes prompt token ids as the engines do.
+    pub tokenizer: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

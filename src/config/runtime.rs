@@ -10,11 +10,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::Uri;
 
 use super::file::FileConfig;
+use crate::tokenizer::Tokenizer;
 
 /// Default largest request body: enough for a 128k-token prompt with room to spare.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
@@ -413,6 +415,9 @@ pub struct ModelConfig {
     pub name: String,
     pub aliases: Vec<String>,
     pub policy: Option<PolicyKind>,
+    /// The model's own tokenizer and chat template (`tokenizer = "<folder>"`), loaded when the
+    /// config is validated.
+    pub tokenizer: Option<Arc<Tokenizer>>,
 }
 
 #[derive(Debug, Clone)]

@@ -9,12 +9,15 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::fault::{Fault, FaultMode};
 use super::kv_config::KvEventsConfig;
 use super::SimError;
+use crate::tokenizer::Tokenizer;
 
 /// Which engine the simulator imitates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -112,6 +115,10 @@ pub struct SimConfig {
     /// `run` only: N >= 1 = serve on N dedicated threads, each a single-threaded runtime
     /// accepting from the same socket (no cross-thread wake-ups); 0 = the caller's runtime.
     pub threads: usize,
+    /// vLLM: the model's real tokenizer (`--tokenizer <folder>`): chat and completions prompts
+    /// are tokenized exactly as vLLM does, for usage, the prefix cache and `/tokenize`. `None`
+    /// = the simulator's own tokenizer.
+    pub tokenizer: Option<Arc<Tokenizer>>,
 }
 
 impl SimConfig {
@@ -161,6 +168,7 @@ impl SimConfig {
             server_dev_mode: false,
             fault: Fault::healthy(),
             threads: 0,
+            tokenizer: None,
         }
     }
 
@@ -268,6 +276,12 @@ impl SimConfig {
     /// Fault active at start-up.
     pub fn fault(mut self, fault: Fault) -> Self {
         self.fault = fault;
+        self
+    }
+    /// vLLM: tokenize chat and completions prompts with the model's real tokenizer, exactly as
+    /// vLLM does (ignored by the other kinds).
+    pub fn tokenizer(mut self, tokenizer: Arc<Tokenizer>) -> Self {
+        self.tokenizer = Some(tokenizer);
         self
     }
 
@@ -471,6 +485,11 @@ pub struct SimArgs {
     /// 0 = share the process runtime.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
+    /// vLLM: the model's tokenizer folder (tokenizer.json, tokenizer_config.json, chat
+    /// template); prompts are then tokenized exactly as vLLM does (usage, prefix cache,
+    /// /tokenize). Without it the simulator's own tokenizer counts.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// `slot` takes `v` when it is given.
@@ -533,6 +552,11 @@ impl SimArgs {
         c.kv_events = self.kv_events_config;
         c.server_dev_mode = self.server_dev_mode;
         c.threads = self.threads;
+        if let Some(dir) = &self.tokenizer {
+            let t =
+                Tokenizer::load(dir).map_err(|e| SimError::Config(format!("--tokenizer: {e}")))?;
+            c.tokenizer = Some(Arc::new(t));
+        }
         c.fault = Fault::from_parts(
             self.fault,
             self.fault_factor,

@@ -84,6 +84,13 @@
 //!   `VLLM_SERVER_DEV_MODE=1`) serves `POST /reset_prefix_cache[?reset_running_requests=true]`:
 //!   `{"success":false}` while requests run unless forced; its `AllBlocksCleared` is published
 //!   with the engine's next step, as vLLM does.
+//!   With `--tokenizer <folder>` (a model's tokenizer folder, [`crate::tokenizer`]) chat and
+//!   completions prompts are tokenized exactly as vLLM does — the chat template rendered and
+//!   encoded without special tokens, a completions prompt encoded with them, token prompts
+//!   taken as given — for usage, the context-length check, the prefix cache's blocks and
+//!   `/tokenize` (`token_strs` from the vocabulary); a request the template refuses gets
+//!   vLLM's 400. The text of the answers, `/detokenize`, the batch chat endpoint and the
+//!   Responses and Messages APIs keep the simulator's own tokenizer.
 //!
 //!   vLLM also serves `POST /v1/responses` (whole, or typed SSE events without `[DONE]`),
 //!   `POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic's shapes; validation errors

@@ -177,6 +177,9 @@ pub(crate) struct CompletionRequest {
     /// vLLM's sampling parameter: generate exactly `max_tokens`, whatever the end of text.
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// vLLM: add the tokenizer's special tokens (its BOS) to the prompt (default true).
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
 }
 
 /// Embedding input.

@@ -32,8 +32,19 @@ use super::engine::Engine;
 use super::fault::{FaultMode, FaultRequest, FaultState};
 use super::kv_publisher::KvPublisher;
 use super::metrics::{Counters, ModelStats};
-use super::text::{self, Plan};
+use super::text::{self, Plan, PromptTokens};
 use super::{ollama, tgi, vllm, SimError};
+
+/// What the engine tokenizes for a request (see [`Sim::prompt_tokens`]).
+pub(crate) enum EngineInput<'a> {
+    /// A chat-completions body: the engine renders its chat template.
+    Chat(&'a [u8]),
+    /// A completions prompt, and whether special tokens are added (the request's
+    /// `add_special_tokens`, true by default).
+    Completion(&'a str, bool),
+    /// Token ids the request gave itself.
+    Ids(Vec<u32>),
+}
 
 /// Largest request body the simulator reads.
 pub(crate) const MAX_BODY: usize = 32 * 1024 * 1024;
@@ -176,36 +187,72 @@ impl Sim {
         self.config.speed > 0.0 || self.config.kind == SimKind::Ollama
     }
 
+    /// The prompt tokens of a request as the engine counts them. Every prompt's ids come from
+    /// here (or from [`Sim::rendered_tokens`], which it falls back to): usage, the context
+    /// check and the scheduler's prefix-cache blocks all read what it returns.
+    ///
+    /// With a `--tokenizer`, chat bodies and completions prompts are tokenized as vLLM
+    /// tokenizes them (`crate::tokenizer`: the chat template, then the encode; the prompt with
+    /// special tokens) and token prompts are taken as given; the error is why vLLM would
+    /// refuse the request. Without one, the simulator's own tokenizer reads `text`, the prompt
+    /// it rendered itself.
+    pub(crate) fn prompt_tokens(
+        &self,
+        text: &str,
+        input: EngineInput<'_>,
+    ) -> Result<PromptTokens, String> {
+        let Some(t) = self.config.tokenizer.as_deref() else {
+            return Ok(self.rendered_tokens(text));
+        };
+        let ids = match input {
+            EngineInput::Chat(body) => t.chat_ids(body),
+            EngineInput::Completion(prompt, special) => t.prompt_ids(prompt, special),
+            EngineInput::Ids(ids) => Ok(ids),
+        };
+        ids.map(PromptTokens::from_ids).map_err(|e| e.to_string())
+    }
+
+    /// The tokens of a prompt the simulator rendered itself, by its own tokenizer (the ids
+    /// only when something needs them): every prompt without a `--tokenizer`, and the other
+    /// APIs' prompts with one.
+    pub(crate) fn rendered_tokens(&self, text: &str) -> PromptTokens {
+        PromptTokens::of_text(text, self.needs_prompt_ids())
+    }
+
     /// The words one request to `model` will produce, under this simulator's output-length
-    /// timing.
+    /// timing; the prompt is counted by the simulator's own tokenizer.
     pub(crate) fn plan(&self, seed: u64, model: &str, prompt: &str, max: Option<u32>) -> Plan {
+        self.plan_tokens(seed, model, prompt, self.rendered_tokens(prompt), max)
+    }
+
+    /// [`Sim::plan`] for a prompt whose tokens are `tokens` (from [`Sim::prompt_tokens`]).
+    pub(crate) fn plan_tokens(
+        &self,
+        seed: u64,
+        model: &str,
+        prompt: &str,
+        tokens: PromptTokens,
+        max: Option<u32>,
+    ) -> Plan {
         let t = &self.config.timing;
-        Plan::new(
-            seed,
-            model,
-            prompt,
-            max,
-            t.min_output_tokens,
-            t.max_output_tokens,
-            self.needs_prompt_ids(),
-        )
+        let (min, most) = (t.min_output_tokens, t.max_output_tokens);
+        Plan::new(seed, model, prompt, tokens, max, min, most)
     }
 
     /// A plan of exactly `len` tokens ending by length, as an engine that ignores the end of
     /// text generates it, also when it continues an answer the prompt ends with.
-    pub(crate) fn plan_to_length(&self, seed: u64, model: &str, prompt: &str, len: u32) -> Plan {
+    pub(crate) fn plan_to_length(
+        &self,
+        seed: u64,
+        model: &str,
+        prompt: &str,
+        tokens: PromptTokens,
+        len: u32,
+    ) -> Plan {
         // A natural length nothing reaches: only the cap ends the answer. (One just beyond the
         // cap would end a continued answer early, by the words already given.)
         let beyond = u32::MAX;
-        Plan::new(
-            seed,
-            model,
-            prompt,
-            Some(len),
-            beyond,
-            beyond,
-            self.needs_prompt_ids(),
-        )
+        Plan::new(seed, model, prompt, tokens, Some(len), beyond, beyond)
     }
 
     /// The embedding of each text (`dimensions` long, else the configured size) and the tokens

@@ -291,6 +291,34 @@ fn natural_len(rng: &mut SplitMix, min_len: u32, max_len: u32) -> u32 {
     min_len + rng.below(span) as u32
 }
 
+/// A prompt's tokens as the engine counts them: the ids (empty when nobody needs them:
+/// speed 0 without a scheduler, and no real tokenizer) and their number.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PromptTokens {
+    pub ids: Vec<u32>,
+    pub len: u32,
+}
+
+impl PromptTokens {
+    /// `text` by the simulator's own tokenizer: its ids when `need_ids`, else only their count.
+    pub(crate) fn of_text(text: &str, need_ids: bool) -> PromptTokens {
+        if need_ids {
+            PromptTokens::from_ids(tokenize(text))
+        } else {
+            PromptTokens {
+                ids: Vec::new(),
+                len: count_tokens(text) as u32,
+            }
+        }
+    }
+
+    /// Ids computed elsewhere (a real tokenizer, or given by the request).
+    pub(crate) fn from_ids(ids: Vec<u32>) -> PromptTokens {
+        let len = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+        PromptTokens { ids, len }
+    }
+}
+
 /// A planned answer: the words, why it ends, and the prompt it answers.
 pub(crate) struct Plan {
     pub words: Vec<u16>,
@@ -303,22 +331,28 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// Deterministic answer to `prompt` for `model`; `max_tokens` caps the natural length.
+    /// Deterministic answer to `prompt` (the simulator's rendering, which seeds the words) for
+    /// `model`, whose tokens the engine counts as `tokens`; `max_tokens` caps the natural
+    /// length.
     pub(crate) fn new(
         seed: u64,
         model: &str,
         prompt: &str,
+        tokens: PromptTokens,
         max_tokens: Option<u32>,
         min_len: u32,
         max_len: u32,
-        need_ids: bool,
     ) -> Plan {
-        if let Some(plan) =
-            Plan::continuing(seed, model, prompt, max_tokens, min_len, max_len, need_ids)
-        {
-            return plan;
+        match Plan::continuing(seed, model, prompt, max_tokens, min_len, max_len) {
+            Some((words, finish)) => Plan {
+                words,
+                finish,
+                prompt_ids: tokens.ids,
+                prompt_len: tokens.len,
+                max_tokens,
+            },
+            None => Plan::fresh(seed, model, prompt, tokens, max_tokens, min_len, max_len),
         }
-        Plan::fresh(seed, model, prompt, max_tokens, min_len, max_len, need_ids)
     }
 
     /// A prompt that ends with the beginning of its own answer (an open assistant message, or
@@ -333,8 +367,7 @@ impl Plan {
         max_tokens: Option<u32>,
         min_len: u32,
         max_len: u32,
-        need_ids: bool,
-    ) -> Option<Plan> {
+    ) -> Option<(Vec<u16>, Finish)> {
         let tail = trailing_words(prompt);
         if tail.is_empty() {
             return None;
@@ -367,26 +400,9 @@ impl Plan {
                 Some(m) if (m as usize) < rest => (m as usize, Finish::Length),
                 _ => (rest, Finish::Stop),
             };
-            let (prompt_ids, prompt_len) = Plan::prompt_ids(prompt, need_ids);
-            return Some(Plan {
-                words: (0..len).map(|_| next()).collect(),
-                finish,
-                prompt_ids,
-                prompt_len,
-                max_tokens,
-            });
+            return Some(((0..len).map(|_| next()).collect(), finish));
         }
         None
-    }
-
-    fn prompt_ids(prompt: &str, need_ids: bool) -> (Vec<u32>, u32) {
-        if need_ids {
-            let ids = tokenize(prompt);
-            let n = ids.len() as u32;
-            (ids, n)
-        } else {
-            (Vec::new(), count_tokens(prompt) as u32)
-        }
     }
 
     /// The answer to `prompt` as a new answer.
@@ -394,18 +410,11 @@ impl Plan {
         seed: u64,
         model: &str,
         prompt: &str,
+        tokens: PromptTokens,
         max_tokens: Option<u32>,
         min_len: u32,
         max_len: u32,
-        need_ids: bool,
     ) -> Plan {
-        let (prompt_ids, prompt_len) = if need_ids {
-            let ids = tokenize(prompt);
-            let n = ids.len() as u32;
-            (ids, n)
-        } else {
-            (Vec::new(), count_tokens(prompt) as u32)
-        };
         let mut rng = answer_rng(seed, model, fnv1a(prompt.as_bytes()));
         let natural = natural_len(&mut rng, min_len, max_len);
         let (len, finish) = match max_tokens {
@@ -418,8 +427,8 @@ impl Plan {
         Plan {
             words,
             finish,
-            prompt_ids,
-            prompt_len,
+            prompt_ids: tokens.ids,
+            prompt_len: tokens.len,
             max_tokens,
         }
     }
@@ -486,9 +495,14 @@ pub(crate) fn embedding(seed: u64, text: &str, dim: usize) -> Vec<f32> {
 mod tests {
     use super::*;
 
+    fn plan(seed: u64, prompt: &str, max: Option<u32>, min: u32, most: u32, ids: bool) -> Plan {
+        let tokens = PromptTokens::of_text(prompt, ids);
+        Plan::new(seed, "m", prompt, tokens, max, min, most)
+    }
+
     #[test]
     fn generated_text_round_trips_through_the_tokenizer() {
-        let p = Plan::new(7, "m", "hello there", Some(50), 16, 128, true);
+        let p = plan(7, "hello there", Some(50), 16, 128, true);
         let text = p.text(0, p.words.len());
         assert_eq!(count_tokens(&text), p.words.len());
         assert_eq!(tokenize(&text).len(), p.words.len());
@@ -496,9 +510,9 @@ mod tests {
 
     #[test]
     fn same_seed_same_text() {
-        let a = Plan::new(1, "m", "x", None, 4, 40, false);
-        let b = Plan::new(1, "m", "x", None, 4, 40, false);
-        let c = Plan::new(2, "m", "x", None, 4, 40, false);
+        let a = plan(1, "x", None, 4, 40, false);
+        let b = plan(1, "x", None, 4, 40, false);
+        let c = plan(2, "x", None, 4, 40, false);
         assert_eq!(a.words, b.words);
         assert_ne!(a.words, c.words);
     }
@@ -506,7 +520,7 @@ mod tests {
     #[test]
     fn a_prompt_ending_in_its_own_answer_continues_it() {
         let prompt = render_chat([("user", "tell me".to_string())].into_iter());
-        let whole = Plan::new(3, "m", &prompt, None, 20, 40, false);
+        let whole = plan(3, &prompt, None, 20, 40, false);
         let text = whole.text(0, whole.words.len());
         for k in [1, 5, whole.words.len() - 1, whole.words.len()] {
             let partial = whole.text(0, k);
@@ -519,12 +533,12 @@ mod tests {
                 Render::ContinueLast,
             );
             assert_eq!(open, format!("{prompt}{partial}"));
-            let rest = Plan::new(3, "m", &open, None, 20, 40, true);
+            let rest = plan(3, &open, None, 20, 40, true);
             assert_eq!(format!("{partial}{}", rest.text(0, 99)), text, "after {k}");
             assert_eq!(rest.finish, Finish::Stop);
             assert_eq!(rest.prompt_len as usize, count_tokens(&open));
             // max_tokens counts only the new words
-            let capped = Plan::new(3, "m", &open, Some(2), 20, 40, false);
+            let capped = plan(3, &open, Some(2), 20, 40, false);
             let expect = (whole.words.len() - k).min(2);
             assert_eq!(capped.words[..], whole.words[k..k + expect]);
         }

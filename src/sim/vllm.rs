@@ -23,12 +23,13 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 use super::fault::FaultMode;
+use super::openai_surface::Prompt;
 use super::openai_surface::{
     embeddings_body, js, respond, ChatRequest, CompletionRequest, Ctx, EmbeddingRequest,
     RespondOpts, Surface,
 };
-use super::server::{empty, json, read_body, Sim, SimBody};
-use super::text;
+use super::server::{empty, json, read_body, EngineInput, Sim, SimBody};
+use super::text::{self, PromptTokens};
 
 pub(super) const JSON: &str = "application/json";
 pub(super) const SSE: &str = "text/event-stream; charset=utf-8";
@@ -474,13 +475,32 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         Ok(form) => r.render(form),
         Err(resp) => return resp,
     };
-    let prompt_tokens = text::count_tokens(&prompt) as u32;
-    let cap = match max_tokens(sim, r.max_completion_tokens.or(r.max_tokens), prompt_tokens) {
+    let tokens = match sim.prompt_tokens(&prompt, EngineInput::Chat(&body)) {
+        Ok(t) => t,
+        Err(e) => return refused(&e),
+    };
+    let cap = match max_tokens(sim, r.max_completion_tokens.or(r.max_tokens), tokens.len) {
         Ok(c) => c,
         Err(resp) => return resp,
     };
     let cap = Cap::new(cap, r.ignore_eos);
-    answer(sim, true, seed(sim, r.seed), &prompt, cap, stream, usage).await
+    let prompt = Prompted {
+        text: &prompt,
+        tokens,
+    };
+    answer(sim, true, seed(sim, r.seed), prompt, cap, stream, usage).await
+}
+
+/// A prompt as the simulator rendered it (its text seeds the answer) and as the engine
+/// tokenized it.
+struct Prompted<'a> {
+    text: &'a str,
+    tokens: PromptTokens,
+}
+
+/// vLLM's 400 for a prompt its tokenizer or chat template refuses.
+fn refused(why: &str) -> Response<SimBody> {
+    error(StatusCode::BAD_REQUEST, why, "BadRequestError", None)
 }
 
 /// How long an answer may be: `max_tokens` (or what the context leaves), and whether it must
@@ -525,7 +545,7 @@ async fn answer(
     sim: &Arc<Sim>,
     chat: bool,
     seed: u64,
-    prompt: &str,
+    prompt: Prompted<'_>,
     cap: Cap,
     stream: bool,
     usage: bool,
@@ -534,10 +554,11 @@ async fn answer(
         return resp;
     }
     let model = &sim.config.models[0];
+    let (text, tokens) = (prompt.text, prompt.tokens);
     let plan = if cap.ignore_eos {
-        sim.plan_to_length(seed, model, prompt, cap.max)
+        sim.plan_to_length(seed, model, text, tokens, cap.max)
     } else {
-        sim.plan(seed, model, prompt, Some(cap.max))
+        sim.plan_tokens(seed, model, text, tokens, Some(cap.max))
     };
     let ctx =
         Ctx::new(Surface::Vllm, chat, model).with_prompt_details(sim.config.prompt_tokens_details);
@@ -603,18 +624,45 @@ async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody
         Err(resp) => return resp,
     };
     let prompt = p.text();
-    let prompt_tokens = text::count_tokens(&prompt) as u32;
+    let input = match completion_input(p, r.add_special_tokens.unwrap_or(true)) {
+        Ok(i) => i,
+        Err(e) => return refused(&e),
+    };
+    let tokens = match sim.prompt_tokens(&prompt, input) {
+        Ok(t) => t,
+        Err(e) => return refused(&e),
+    };
     // vLLM's completions default is 16 tokens
     let cap = match max_tokens(
         sim,
         r.max_tokens.or(r.max_completion_tokens).or(Some(16)),
-        prompt_tokens,
+        tokens.len,
     ) {
         Ok(c) => c,
         Err(resp) => return resp,
     };
     let cap = Cap::new(cap, r.ignore_eos);
-    answer(sim, false, seed(sim, r.seed), &prompt, cap, stream, usage).await
+    let prompt = Prompted {
+        text: &prompt,
+        tokens,
+    };
+    answer(sim, false, seed(sim, r.seed), prompt, cap, stream, usage).await
+}
+
+/// What vLLM tokenizes for a completions prompt (the first of a list: the simulator answers
+/// the first prompt only): a text with or without special tokens, or the given token ids.
+fn completion_input(p: &Prompt, special: bool) -> Result<EngineInput<'_>, String> {
+    let ids = |t: &[i64]| -> Result<Vec<u32>, String> {
+        t.iter()
+            .map(|i| u32::try_from(*i).map_err(|_| format!("Token id {i} is out of vocabulary")))
+            .collect()
+    };
+    Ok(match p {
+        Prompt::Text(s) => EngineInput::Completion(s, special),
+        Prompt::Texts(v) => EngineInput::Completion(v.first().map_or("", String::as_str), special),
+        Prompt::Tokens(t) => EngineInput::Ids(ids(t)?),
+        Prompt::TokenLists(v) => EngineInput::Ids(ids(v.first().map_or(&[], Vec::as_slice))?),
+    })
 }
 
 async fn embeddings(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
@@ -733,6 +781,9 @@ struct TokenizeRequest {
     messages: Option<Vec<super::openai_surface::Message>>,
     #[serde(default)]
     return_token_strs: Option<bool>,
+    /// The prompt form's default is true (its BOS); the chat form reads it from the body.
+    #[serde(default)]
+    add_special_tokens: Option<bool>,
 }
 
 async fn tokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
@@ -742,6 +793,9 @@ async fn tokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     };
     if let Some(resp) = check_model(sim, r.model.as_deref()) {
         return resp;
+    }
+    if sim.config.tokenizer.is_some() {
+        return tokenize_exactly(sim, &body, &r);
     }
     let text = match (&r.prompt, &r.messages) {
         (Some(p), _) => p.clone(),
@@ -771,6 +825,37 @@ async fn tokenize(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         format!(
             "{{\"count\":{},\"max_model_len\":{},\"tokens\":[{}],\"token_strs\":{strs}}}",
             pieces.len(),
+            sim.config.max_model_len,
+            ids.join(",")
+        ),
+    )
+}
+
+/// `/tokenize` with the model's real tokenizer: the ids vLLM computes, and its `token_strs`
+/// (the vocabulary's spelling of each id).
+fn tokenize_exactly(sim: &Sim, body: &[u8], r: &TokenizeRequest) -> Response<SimBody> {
+    let input = match (&r.prompt, &r.messages) {
+        (Some(p), _) => EngineInput::Completion(p, r.add_special_tokens.unwrap_or(true)),
+        (None, Some(_)) => EngineInput::Chat(body),
+        (None, None) => return missing(body, "prompt"),
+    };
+    let tokens = match sim.prompt_tokens("", input) {
+        Ok(t) => t,
+        Err(e) => return refused(&e),
+    };
+    let strs = match (r.return_token_strs, &sim.config.tokenizer) {
+        (Some(true), Some(t)) => {
+            serde_json::to_string(&t.token_strs(&tokens.ids)).unwrap_or_else(|_| "[]".into())
+        }
+        _ => "null".into(),
+    };
+    let ids: Vec<String> = tokens.ids.iter().map(u32::to_string).collect();
+    json(
+        StatusCode::OK,
+        JSON,
+        format!(
+            "{{\"count\":{},\"max_model_len\":{},\"tokens\":[{}],\"token_strs\":{strs}}}",
+            tokens.len,
             sim.config.max_model_len,
             ids.join(",")
         ),

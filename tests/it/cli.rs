@@ -60,6 +60,25 @@ fn shipped_configs_are_valid() {
 }
 
 #[test]
+fn check_names_a_broken_tokenizer_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("tok");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("tokenizer.json"), "{ not json").unwrap();
+    let toml = format!(
+        "[[models]]\nname = \"m\"\ntokenizer = \"{}\"\n",
+        folder.display()
+    );
+    let err = check_error("tok.toml", &toml);
+    let file = folder.join("tokenizer.json");
+    assert!(
+        err.contains("models[0].tokenizer")
+            && err.contains(&format!("{}: not JSON", file.display())),
+        "{err}"
+    );
+}
+
+#[test]
 fn check_prints_every_problem_with_its_location() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");

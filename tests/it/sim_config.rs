@@ -117,3 +117,33 @@ async fn run_serves_on_dedicated_threads_and_stops() {
     run_and_probe(1).await;
     run_and_probe(0).await;
 }
+
+#[test]
+fn tokenizer_flag_loads_the_folder_or_names_what_is_wrong() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/tokenizer/tiny-tools"
+    );
+    let c = parse(&["--kind", "vllm", "--model", "m", "--tokenizer", dir]).unwrap();
+    assert!(c
+        .tokenizer
+        .as_ref()
+        .is_some_and(|t| t.dir().ends_with("tiny-tools")));
+    assert!(parse(&["--kind", "vllm", "--model", "m"])
+        .unwrap()
+        .tokenizer
+        .is_none());
+    let err = parse(&[
+        "--kind",
+        "vllm",
+        "--model",
+        "m",
+        "--tokenizer",
+        "/nonexistent/tok",
+    ])
+    .unwrap_err();
+    assert!(
+        err.contains("--tokenizer") && err.contains("/nonexistent/tok: not a folder"),
+        "{err}"
+    );
+}

@@ -2,7 +2,9 @@
 //! timeouts towards it.
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use http::Uri;
 
@@ -12,6 +14,7 @@ use crate::config::file::{BackendSection, KvEventsSetting, ModelSection, Timeout
 use crate::config::runtime::{
     BackendConfig, BackendKind, KvEvents, ModelConfig, PolicyKind, Timeouts,
 };
+use crate::tokenizer::Tokenizer;
 
 /// A `timeouts` table at `at`; unset entries from `base`.
 pub(super) fn timeouts(
@@ -56,9 +59,26 @@ pub(super) fn models(p: &mut Problems, list: &[ModelSection]) -> Vec<ModelConfig
             name: m.name.clone(),
             aliases: m.aliases.clone(),
             policy,
+            tokenizer: m
+                .tokenizer
+                .as_deref()
+                .and_then(|dir| tokenizer(p, &at, dir)),
         });
     }
     models
+}
+
+/// A model's `tokenizer` folder, loaded; a folder that is missing or does not load is a
+/// problem naming the folder and what is wrong with it.
+fn tokenizer(p: &mut Problems, at: &str, dir: &str) -> Option<Arc<Tokenizer>> {
+    if dir.trim().is_empty() {
+        p.push(format!("{at}.tokenizer"), "must name a folder");
+        return None;
+    }
+    Tokenizer::load(Path::new(dir))
+        .map(Arc::new)
+        .map_err(|e| p.push(format!("{at}.tokenizer"), e))
+        .ok()
 }
 
 /// `[[backends]]`: unique names; timeouts default to `base`.

@@ -218,3 +218,29 @@ fn zero_limits_reported_for_keys_tenants_and_defaults() {
     assert_eq!(ok.tenants[0].limits.requests_per_minute, Some(5));
     assert_eq!(ok.limits.defaults.daily_tokens, Some(5));
 }
+
+#[test]
+fn a_model_tokenizer_is_loaded_or_named_as_a_problem() {
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer");
+    let text = format!(
+        "[[models]]\nname = \"m\"\ntokenizer = \"{fixtures}/tiny-tools\"\n[[models]]\nname = \"n\"\n"
+    );
+    let c = from_str(&text, "t").unwrap();
+    let t = c.models[0].tokenizer.as_ref().expect("loaded");
+    assert!(t.dir().ends_with("tiny-tools"));
+    assert!(c.models[1].tokenizer.is_none());
+
+    let text = format!(
+        "[[models]]\nname = \"m\"\ntokenizer = \"{fixtures}/missing\"\n[[models]]\nname = \"n\"\ntokenizer = \"\"\n"
+    );
+    let err = from_str(&text, "t").unwrap_err().problems();
+    assert_eq!(err.len(), 2, "{err:?}");
+    assert!(
+        err[0].contains("models[0].tokenizer") && err[0].contains("missing: not a folder"),
+        "{err:?}"
+    );
+    assert!(
+        err[1].contains("models[1].tokenizer: must name a folder"),
+        "{err:?}"
+    );
+}
