@@ -489,6 +489,15 @@ impl Config {
             .unwrap_or_else(|_| unreachable!("the default config is valid"))
     }
 
+    /// The tokenizer of the model named `canonical`, when its `[[models]]` entry has one.
+    pub fn tokenizer(&self, canonical: &str) -> Option<&Arc<Tokenizer>> {
+        self.models
+            .iter()
+            .find(|m| m.name == canonical)?
+            .tokenizer
+            .as_ref()
+    }
+
     /// Alias or canonical name → canonical name, for every `[[models]]` entry.
     pub fn alias_map(&self) -> HashMap<String, String> {
         let mut map = HashMap::new();

@@ -40,6 +40,7 @@ mod rescue;
 pub mod resume;
 pub mod sse;
 pub mod stored;
+mod tokens;
 pub mod translated;
 
 use std::sync::Arc;
@@ -363,10 +364,11 @@ fn refused_translation(
     (!native).then_some(refused)
 }
 
-/// The request's expected size for routing and admission: the prompt's exact count for a large
-/// prompt when a candidate's tokenizer answers in time, else the estimate corrected by what
-/// this model's responses reported; plus the API's expected output (`max_tokens` or, when
-/// absent, the model's learned average output).
+/// The request's expected size for routing and admission: the prompt's token ids from the
+/// model's own tokenizer when some candidate reports its cache or the prompt is large
+/// (exact), else the prompt's exact count from a candidate's tokenizer for a large prompt,
+/// else the estimate corrected by what this model's responses reported; plus the API's
+/// expected output (`max_tokens` or, when absent, the model's learned average output).
 async fn size(
     config: &Config,
     api: &dyn ClientApi,
@@ -376,8 +378,17 @@ async fn size(
     body: &Bytes,
 ) -> RouteInput {
     let corrected = shapes.corrected_prompt(&resolved.canonical, fields.prompt_tokens_estimate);
-    let exact = match config.routing.tokenize_above {
-        above if above > 0 && corrected >= above => crate::fleet::tokenize::count(
+    let above = config.routing.tokenize_above;
+    let large = above > 0 && corrected >= above;
+    let prompt = match config.tokenizer(&resolved.canonical) {
+        Some(t) if large || tokens::wanted(resolved) => {
+            tokens::prompt_ids(t, api, fields, body).await
+        }
+        _ => None,
+    };
+    let exact = match &prompt {
+        Some(p) => Some(p.len() as u64),
+        None if large => crate::fleet::tokenize::count(
             &resolved.candidates,
             api,
             body.get(fields.prompt_span.clone()).unwrap_or_default(),
@@ -385,7 +396,7 @@ async fn size(
         )
         .await
         .ok(),
-        _ => None,
+        None => None,
     };
     let prompt_tokens = exact.unwrap_or(corrected);
     // The prefix is the same share of the prompt whichever way the prompt was counted.
@@ -404,7 +415,7 @@ async fn size(
         prefix_hash: fields.prefix_hash,
         prompt_tokens,
         prefix_tokens,
-        prompt: None,
+        prompt: prompt.map(Arc::new),
         prompt_exact: exact.is_some(),
     }
 }

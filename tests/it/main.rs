@@ -7,6 +7,7 @@
 //! asserts on metrics of its own label sets or on before/after deltas, and a test that needs
 //! the process to itself runs in a child process ([`support::isolated`]).
 
+mod kv_routing;
 mod support;
 
 mod api_messages;

@@ -181,14 +181,16 @@ impl KvCache {
         self.inner.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Leading tokens of `prompt` this engine holds; `None` while the subscription is not live
-    /// or before the block size is known.
+    /// Leading tokens of `prompt` this engine holds; `None` while the subscription is not live.
     pub fn cached_tokens(&self, prompt: &Prompt) -> Option<u64> {
         let g = self.read();
         if !g.status.live() {
             return None;
         }
-        let block = g.index.block_size()?;
+        let Some(block) = g.index.block_size() else {
+            // no block seen yet: an engine that stored nothing holds nothing
+            return g.index.is_empty().then_some(0);
+        };
         let hashes = prompt.hashes(block);
         Some(g.index.cached_blocks(&hashes) as u64 * u64::from(block))
     }
