@@ -336,6 +336,28 @@ impl ClientApi for CountTokens {
         native_kind(kind) // Ollama has no count_tokens
     }
 
+    /// vLLM's count: the request as the chat request it becomes, through the model's chat
+    /// template; its answer's shape (`context_management` included).
+    fn answer_locally(
+        &self,
+        body: &[u8],
+        tokenizer: &crate::tokenizer::Tokenizer,
+    ) -> Option<Result<Bytes, ApiError>> {
+        let count = || -> Result<Bytes, ApiError> {
+            let chat = super::translate::messages::TRANSLATOR.request(body, false)?;
+            let chat = serde_json::to_vec(chat.chat())
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let ids = tokenizer
+                .chat_ids(&chat)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let n = ids.len();
+            Ok(Bytes::from(format!(
+                "{{\"input_tokens\":{n},\"context_management\":{{\"original_input_tokens\":{n}}}}}"
+            )))
+        };
+        Some(count())
+    }
+
     shared_messages_api!();
 }
 

@@ -186,6 +186,18 @@ pub trait ClientApi: Send + Sync {
         None
     }
 
+    /// The answer, as a JSON body, that the model's own tokenizer gives when no backend of the
+    /// model speaks this API (`/v1/messages/count_tokens` for a model only TGI or Ollama
+    /// serve); `None` for an API that needs an engine.
+    fn answer_locally(
+        &self,
+        body: &[u8],
+        tokenizer: &crate::tokenizer::Tokenizer,
+    ) -> Option<Result<Bytes, ApiError>> {
+        let _ = (body, tokenizer);
+        None
+    }
+
     /// The error for a known model none of whose backends (of `kinds`) speaks this API,
     /// natively or by translation.
     fn unserved(&self, model: &str, _kinds: &[BackendKind]) -> ApiError {

@@ -109,7 +109,14 @@ async fn proxy(
     record: &mut AccessRecord,
 ) -> Result<Response, ApiError> {
     let config = &rt.config;
-    let mut prepared = prepare(gw, rt, api, req, record).await?;
+    let mut prepared = match prepare(gw, rt, api, req, record).await? {
+        Step::Route(p) => p,
+        Step::Answered(response) => {
+            record.status = response.status().as_u16();
+            finish_record(record);
+            return Ok(response);
+        }
+    };
     let p = &prepared;
     let deadline = Instant::now() + config.routing.failover_deadline;
     let mut tried: Vec<usize> = Vec::new();
@@ -176,13 +183,53 @@ struct Prepared {
 
 /// Everything before the first attempt: auth, content type, body, fields, allow-list,
 /// resolve, size, admission. Each step can refuse the request; none has sent anything.
+/// What the prepare phase leads to: a request to route, or an answer given without a backend.
+enum Step {
+    Route(Prepared),
+    Answered(Response),
+}
+
+/// The model's own tokenizer answers when no candidate speaks the API, natively or by
+/// translation, and the API can be answered that way (`/v1/messages/count_tokens`); `None`
+/// otherwise (routing goes on, and says why nothing serves it).
+fn answer_locally(
+    rt: &Runtime,
+    api: &dyn ClientApi,
+    identity: &Identity,
+    fields: &RequestFields,
+    body: &Bytes,
+    translation: &Option<Result<Translation, ApiError>>,
+) -> Option<Result<Response, ApiError>> {
+    if matches!(translation, Some(Ok(_))) || !identity.allows(&rt.fleet, &fields.model) {
+        return None;
+    }
+    let resolved = rt.fleet.resolve(&fields.model)?;
+    if resolved
+        .candidates
+        .iter()
+        .any(|(b, _)| api.native(b.kind()))
+    {
+        return None;
+    }
+    let tokenizer = rt.config.tokenizer(&resolved.canonical)?;
+    let answer = api.answer_locally(body, tokenizer)?;
+    Some(answer.map(|json| {
+        let mut r = Response::new(Body::from(json));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    }))
+}
+
 async fn prepare(
     gw: &Gateway,
     rt: &Runtime,
     api: &'static dyn ClientApi,
     req: Request<Body>,
     record: &mut AccessRecord,
-) -> Result<Prepared, ApiError> {
+) -> Result<Step, ApiError> {
     let config = &rt.config;
     let identity = rt.keys.authenticate(req.headers())?;
     record.tenant = identity.tenant.clone();
@@ -197,6 +244,9 @@ async fn prepare(
     };
     record.stream = fields.stream;
     let translation = translate_if_served(rt, api, &fields, &body);
+    if let Some(answer) = answer_locally(rt, api, &identity, &fields, &body, &translation) {
+        return answer.map(Step::Answered);
+    }
     let pin = match api.pin(&body, &identity.tenant) {
         Ok(pin) => pin,
         // A reference to stored state, for a model only translation serves: the field is
@@ -222,7 +272,7 @@ async fn prepare(
         .limits
         .admit(&identity, &resolved.canonical, input.tokens)
         .await?;
-    Ok(Prepared {
+    Ok(Step::Route(Prepared {
         api,
         identity,
         client_headers,
@@ -239,7 +289,7 @@ async fn prepare(
         permit: Some(permit),
         trace: gw.trace.clone(),
         main: gw.main.clone(),
-    })
+    }))
 }
 
 /// The allow-list, then the model's candidates among the backends that speak `api`, natively or

@@ -12,6 +12,8 @@ use crate::support;
 
 use std::time::Duration;
 
+use serde_json::{json, Value};
+
 use sluice::sim::{Fault, FaultMode, SimKind};
 use support::process::{python_checks, python_with};
 use support::*;
@@ -189,5 +191,56 @@ async fn own_errors_are_anthropic_shaped() {
     assert_eq!(r.status(), 200);
     let v: serde_json::Value = r.json().await.unwrap();
     assert!(v["input_tokens"].as_u64().unwrap_or(0) > 0, "{v}");
+    g.stop().await;
+}
+
+/// `count_tokens` for a model only TGI serves (no engine counts Messages there): with the
+/// model's tokenizer configured, the gateway counts as vLLM does — the request as the chat it
+/// becomes, through the chat template — and answers in vLLM's shape; a request the template
+/// or the translation refuses is a 400 naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_tokens_for_a_model_no_engine_counts_comes_from_its_tokenizer() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tokenizer/tiny-tools");
+    let tgi = sim(SimKind::Tgi, &["tok-tgi"]).await;
+    let mut t = String::from(FAST_HEALTH);
+    t.push_str(&format!(
+        "\n[[models]]\nname = \"tok-tgi\"\ntokenizer = \"{}\"\n",
+        dir.display()
+    ));
+    t.push_str(&backend("tok-tgi-b", "tgi", &tgi.url(), &["tok-tgi"]));
+    let g = TestGateway::start_healthy(&t).await;
+    let req = json!({"model": "tok-tgi", "system": "Be brief.",
+        "messages": [{"role": "user", "content": "How many tokens is this?"}]});
+    let r = client()
+        .post(g.url("/v1/messages/count_tokens"))
+        .json(&req)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let tokenizer = sluice::tokenizer::Tokenizer::load(&dir).unwrap();
+    let chat = json!({"model": "tok-tgi", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "How many tokens is this?"}]});
+    let n = tokenizer
+        .chat_ids(&serde_json::to_vec(&chat).unwrap())
+        .unwrap()
+        .len();
+    assert_eq!(
+        v,
+        json!({"input_tokens": n, "context_management": {"original_input_tokens": n}})
+    );
+    // what cannot be translated is refused, in the Messages API's error shape
+    let r = client()
+        .post(g.url("/v1/messages/count_tokens"))
+        .json(&json!({"model": "tok-tgi", "top_k": 3, "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["type"], "error", "{v}");
     g.stop().await;
 }
