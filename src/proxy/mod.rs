@@ -110,7 +110,7 @@ async fn proxy(
 ) -> Result<Response, ApiError> {
     let config = &rt.config;
     let mut prepared = match prepare(gw, rt, api, req, record).await? {
-        Step::Route(p) => p,
+        Step::Route(p) => *p,
         Step::Answered(response) => {
             record.status = response.status().as_u16();
             finish_record(record);
@@ -185,7 +185,7 @@ struct Prepared {
 /// resolve, size, admission. Each step can refuse the request; none has sent anything.
 /// What the prepare phase leads to: a request to route, or an answer given without a backend.
 enum Step {
-    Route(Prepared),
+    Route(Box<Prepared>),
     Answered(Response),
 }
 
@@ -272,7 +272,7 @@ async fn prepare(
         .limits
         .admit(&identity, &resolved.canonical, input.tokens)
         .await?;
-    Ok(Step::Route(Prepared {
+    Ok(Step::Route(Box::new(Prepared {
         api,
         identity,
         client_headers,
@@ -289,7 +289,7 @@ async fn prepare(
         permit: Some(permit),
         trace: gw.trace.clone(),
         main: gw.main.clone(),
-    }))
+    })))
 }
 
 /// The allow-list, then the model's candidates among the backends that speak `api`, natively or
