@@ -219,7 +219,8 @@ def main():
         "backend_share": share,
         "routed_seconds": routed_s,
         "kv_views": views,
-        "args": vars(a),
+        # the workload's settings (not the paths of this run's binaries)
+        "args": {k: v for k, v in vars(a).items() if k not in ("sluice", "vllm", "model", "json")},
     }
     for r in doc["misses"]:
         r.pop("answer", None)

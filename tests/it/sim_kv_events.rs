@@ -721,3 +721,67 @@ async fn the_gateway_loses_a_restarted_engines_index_and_rebuilds_it_from_the_ne
     .await;
     g.stop().await;
 }
+
+/// A backend dropped from the config takes its subscription with it: the engine goes on
+/// publishing, and nothing of it is applied any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_removed_from_the_config_is_no_longer_followed() {
+    let sim = kv_sim(|c| c).await;
+    let c = client();
+    let url = sim.url();
+    let base = format!(
+        "[admin]\nlisten = \"127.0.0.1:0\"\n{}",
+        crate::support::STEADY_HEALTH
+    );
+    let with = format!(
+        "{base}{}",
+        crate::support::backend("kv-removed", "vllm", &url, &[MODEL])
+    );
+    let g = crate::support::TestGateway::start_healthy(&with).await;
+    let applied = || {
+        let url = g.admin_url("/metrics");
+        let c = c.clone();
+        async move {
+            let text = c.get(url).send().await.ok()?.text().await.ok()?;
+            text.lines()
+                .find(|l| {
+                    l.starts_with("sluice_kv_event_batches_total")
+                        && l.contains("backend=\"kv-removed\"")
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        }
+    };
+    chat(&c, &url, &messages("Followed.", &question("one"))).await;
+    poll(Duration::from_secs(10), "a batch applied", || async {
+        applied().await.filter(|n| *n >= 1.0)
+    })
+    .await;
+    // the turn's batches all in: the count holds still for a while
+    let before = poll(Duration::from_secs(10), "the count settled", || async {
+        let a = applied().await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        (applied().await? == a).then_some(a)
+    })
+    .await;
+    let without = format!(
+        "{base}{}",
+        crate::support::backend("kv-other", "openai", "http://127.0.0.1:9", &["x"])
+    );
+    g.gw.reload(sluice::config::from_str(&without, "t").unwrap());
+    // the engine publishes on; a subscription still alive would apply these
+    for i in 0..3 {
+        chat(
+            &c,
+            &url,
+            &messages("After removal.", &question(&format!("r{i}"))),
+        )
+        .await;
+    }
+    // a live subscription applies a batch within milliseconds; give it far longer
+    let deadline = std::time::Instant::now() + Duration::from_millis(500);
+    while std::time::Instant::now() < deadline {
+        assert_eq!(applied().await, Some(before), "no batch applied after removal");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    g.stop().await;
+}
