@@ -780,7 +780,11 @@ async fn a_backend_removed_from_the_config_is_no_longer_followed() {
     // a live subscription applies a batch within milliseconds; give it far longer
     let deadline = std::time::Instant::now() + Duration::from_millis(500);
     while std::time::Instant::now() < deadline {
-        assert_eq!(applied().await, Some(before), "no batch applied after removal");
+        assert_eq!(
+            applied().await,
+            Some(before),
+            "no batch applied after removal"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     g.stop().await;
