@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use sluice::sim::{spawn, KvEventsConfig, SimConfig, SimHandle, SimKind, Timing};
 use sluice::tokenizer::Tokenizer;
 
+use crate::support::kv::kv_caches;
 use crate::support::{backend, client, poll, TestGateway, STEADY_HEALTH};
 
 const MODEL: &str = "m";
@@ -58,14 +59,10 @@ async fn gateway(sims: &[SimHandle]) -> TestGateway {
         toml.push_str(&backend(&format!("e{i}"), "vllm", &s.url(), &[MODEL]));
     }
     let g = TestGateway::start_healthy(&toml).await;
-    let c = client();
-    let url = g.admin_url("/admin/backends");
+    let (c, url) = (client(), g.admin_url("/admin/backends"));
     poll(Duration::from_secs(10), "every index live", || async {
-        let v: Value = c.get(&url).send().await.ok()?.json().await.ok()?;
-        let all = v["backends"].as_array()?;
-        all.iter()
-            .all(|b| b["kv_cache"]["status"] == "warm")
-            .then_some(())
+        let all = kv_caches(&c, &url).await?;
+        all.iter().all(|k| k["status"] == "warm").then_some(())
     })
     .await;
     g
@@ -73,19 +70,10 @@ async fn gateway(sims: &[SimHandle]) -> TestGateway {
 
 /// KV-event batches the gateway applied per backend.
 async fn batches(g: &TestGateway) -> Vec<u64> {
-    let v: Value = client()
-        .get(g.admin_url("/admin/backends"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["backends"]
-        .as_array()
-        .unwrap()
+    let all = kv_caches(&client(), &g.admin_url("/admin/backends")).await;
+    all.unwrap_or_default()
         .iter()
-        .map(|b| b["kv_cache"]["batches"].as_u64().unwrap())
+        .map(|k| k["batches"].as_u64().unwrap_or(0))
         .collect()
 }
 

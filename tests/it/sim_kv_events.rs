@@ -614,14 +614,8 @@ async fn the_gateway_follows_the_simulators_events() {
         crate::support::backend("v", "vllm", &url, &[MODEL])
     );
     let g = crate::support::TestGateway::start_healthy(&toml).await;
-    let kv = |g: &crate::support::TestGateway| {
-        let g_url = g.admin_url("/admin/backends");
-        let c = c.clone();
-        async move {
-            let v: Value = c.get(g_url).send().await.ok()?.json().await.ok()?;
-            Some(v["backends"][0]["kv_cache"].clone())
-        }
-    };
+    let admin = g.admin_url("/admin/backends");
+    let kv = |_: &crate::support::TestGateway| first_kv_cache(&c, &admin);
     poll(
         Duration::from_secs(10),
         "the gateway subscribed",
@@ -674,14 +668,8 @@ async fn the_gateway_loses_a_restarted_engines_index_and_rebuilds_it_from_the_ne
         crate::support::backend("v", "vllm", &url, &[MODEL])
     );
     let g = crate::support::TestGateway::start_healthy(&toml).await;
-    let kv = || {
-        let g_url = g.admin_url("/admin/backends");
-        let c = c.clone();
-        async move {
-            let v: Value = c.get(g_url).send().await.ok()?.json().await.ok()?;
-            Some(v["backends"][0]["kv_cache"].clone())
-        }
-    };
+    let admin = g.admin_url("/admin/backends");
+    let kv = || first_kv_cache(&c, &admin);
     let before = messages("Before the restart.", &question("before"));
     let whole = prompt_ids(&c, &url, &before).await.len() / BLOCK as usize;
     poll(Duration::from_secs(10), "subscribed", || async {

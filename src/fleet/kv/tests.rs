@@ -152,6 +152,39 @@ fn backend() -> Arc<Backend> {
     Arc::new(Backend::new(cfg, Arc::new(BackendState::new())))
 }
 
+/// A backend following `e`'s publisher, live and past the subscription's join; the
+/// subscription stops when this is dropped.
+struct Follower {
+    backend: Arc<Backend>,
+    task: tokio::task::JoinHandle<super::subscribe::SubscribeError>,
+}
+
+impl Follower {
+    async fn start(e: &mut Engine) -> Follower {
+        let f = Follower::connect(e).await;
+        until("live", || f.kv().live()).await;
+        joined(e, f.kv()).await;
+        f
+    }
+
+    /// Subscribed, without waiting for anything.
+    async fn connect(e: &Engine) -> Follower {
+        let backend = backend();
+        let task = tokio::spawn(follow(backend.clone(), e.source.clone()));
+        Follower { backend, task }
+    }
+
+    fn kv(&self) -> &KvCache {
+        self.backend.state.kv()
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 async fn until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !f() {
@@ -189,11 +222,8 @@ async fn joined(e: &mut Engine, kv: &KvCache) {
 #[tokio::test]
 async fn a_fresh_engine_is_followed_warm_and_gaps_are_replayed() {
     let mut e = Engine::start().await;
-    let b = backend();
-    let task = tokio::spawn(follow(b.clone(), e.source.clone()));
-    let kv = b.state.kv();
-    until("live", || kv.live()).await;
-    joined(&mut e, kv).await;
+    let f = Follower::start(&mut e).await;
+    let kv = f.kv();
     assert_eq!(kv.view().status, Status::Warm);
     let p = prompt(10, 1);
     e.publish(vec![stored(&p, None, 100)], true).await;
@@ -217,17 +247,13 @@ async fn a_fresh_engine_is_followed_warm_and_gaps_are_replayed() {
     )
     .await;
     until("removed", || cached(kv, &longer) == Some(12)).await;
-    task.abort();
 }
 
 #[tokio::test]
 async fn a_gap_replay_cannot_fill_makes_the_index_cold_then_a_clear_makes_it_warm() {
     let mut e = Engine::start().await;
-    let b = backend();
-    let task = tokio::spawn(follow(b.clone(), e.source.clone()));
-    let kv = b.state.kv();
-    until("live", || kv.live()).await;
-    joined(&mut e, kv).await;
+    let f = Follower::start(&mut e).await;
+    let kv = f.kv();
     let p = prompt(8, 2);
     e.publish(vec![stored(&p, None, 1)], true).await;
     until("stored", || cached(kv, &p) == Some(8)).await;
@@ -247,7 +273,6 @@ async fn a_gap_replay_cannot_fill_makes_the_index_cold_then_a_clear_makes_it_war
     e.publish(vec![Event::AllBlocksCleared {}], true).await;
     until("warm after clear", || kv.view().status == Status::Warm).await;
     assert_eq!(cached(kv, &q), Some(0));
-    task.abort();
 }
 
 #[tokio::test]
@@ -256,30 +281,24 @@ async fn a_malformed_batch_rebuilds_cold_and_the_history_is_replayed_on_connect(
     // history before the subscriber exists: replay from 0 gives all of it
     let p = prompt(12, 4);
     e.publish(vec![stored(&p, None, 1)], false).await;
-    let b = backend();
-    let task = tokio::spawn(follow(b.clone(), e.source.clone()));
-    let kv = b.state.kv();
+    let f = Follower::connect(&e).await;
+    let kv = f.kv();
     until("replayed", || cached(kv, &p) == Some(12)).await;
     assert_eq!(kv.view().status, Status::Warm);
     joined(&mut e, kv).await;
     e.publish_raw(b"\x93\xff not msgpack".to_vec(), true).await;
     until("cold", || kv.view().status == Status::Cold).await;
     assert_eq!(cached(kv, &p), Some(0));
-    task.abort();
 }
 
 #[tokio::test]
 async fn a_lost_publisher_answers_nothing() {
     let mut e = Engine::start().await;
-    let b = backend();
-    let task = tokio::spawn(follow(b.clone(), e.source.clone()));
-    let kv = b.state.kv();
-    until("live", || kv.live()).await;
-    joined(&mut e, kv).await;
+    let f = Follower::start(&mut e).await;
+    let kv = f.kv();
     drop(e);
     until("lost", || kv.view().status == Status::Lost).await;
     assert_eq!(cached(kv, &prompt(8, 0)), None);
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
 }
 
 #[test]

@@ -123,3 +123,16 @@ pub async fn replay(d: &mut DealerSocket, start: i64) -> Vec<(i64, Bytes, Bytes)
     }
     panic!("no end marker");
 }
+
+/// Each backend's `kv_cache` object in the gateway's `/admin/backends` (at `admin_url`), in
+/// config order; `None` while the endpoint does not answer.
+pub async fn kv_caches(c: &reqwest::Client, admin_url: &str) -> Option<Vec<Value>> {
+    let v: Value = c.get(admin_url).send().await.ok()?.json().await.ok()?;
+    let list = v["backends"].as_array()?;
+    Some(list.iter().map(|b| b["kv_cache"].clone()).collect())
+}
+
+/// The first backend's `kv_cache` object (see [`kv_caches`]).
+pub async fn first_kv_cache(c: &reqwest::Client, admin_url: &str) -> Option<Value> {
+    kv_caches(c, admin_url).await?.into_iter().next()
+}
