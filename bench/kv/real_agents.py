@@ -74,19 +74,8 @@ def start_gateway(sluice, model, ports, port, logdir):
     log = open(os.path.join(logdir, "sluice.log"), "w")
     proc = subprocess.Popen([sluice, "serve", "--config", cfg], stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    end = time.time() + 60
-    while time.time() < end:
-        if proc.poll() is not None:
-            raise SystemExit(f"sluice exited ({proc.returncode}); see {logdir}/sluice.log")
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/readyz")
-            if c.getresponse().status == 200:
-                return proc
-        except (OSError, http.client.HTTPException):
-            pass
-        time.sleep(0.5)
-    raise SystemExit("sluice did not become ready")
+    rv.wait_health(port, proc, 60, "/readyz")
+    return proc
 
 
 def kv_live(port, n, timeout=60):

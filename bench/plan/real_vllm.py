@@ -131,20 +131,20 @@ def start_vllm(vllm, model, port, core, max_num_seqs, log_path, extra):
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_health(port, proc, timeout=600):
+def wait_health(port, proc, timeout=600, path="/health"):
     end = time.time() + timeout
     while time.time() < end:
         if proc.poll() is not None:
-            raise SystemExit(f"vLLM on port {port} exited ({proc.returncode}); see its log")
+            raise SystemExit(f"the server on port {port} exited ({proc.returncode}); see its log")
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health")
+            c.request("GET", path)
             if c.getresponse().status == 200:
                 return
         except (OSError, http.client.HTTPException):
             pass
         time.sleep(1)
-    raise SystemExit(f"vLLM on port {port} did not become healthy in {timeout} s")
+    raise SystemExit(f"the server on port {port} did not answer {path} in {timeout} s")
 
 
 def stop(proc, timeout=30, group=False):

@@ -65,6 +65,14 @@ fn messages(system: &str, user: &str) -> Value {
 }
 
 /// A chat's usage.
+/// `n` short chats with distinct questions tagged `tag`.
+async fn chats(c: &reqwest::Client, url: &str, tag: &str, n: usize) {
+    for i in 0..n {
+        let q = question(&format!("{tag} {i}"));
+        chat(c, url, &messages("Be brief.", &q)).await;
+    }
+}
+
 async fn chat(c: &reqwest::Client, url: &str, msgs: &Value) -> Value {
     let body = json!({"model": MODEL, "messages": msgs, "max_tokens": 3});
     let r = c
@@ -463,14 +471,7 @@ async fn a_withheld_batch_is_a_gap_replay_fills_unless_replay_is_lost_too() {
         set_fault(&c, &url, fault("kv_skip", s + 2)).await.status(),
         200
     );
-    for i in 0..3 {
-        chat(
-            &c,
-            &url,
-            &messages("Be brief.", &question(&format!("gap {i}"))),
-        )
-        .await;
-    }
+    chats(&c, &url, "gap", 3).await;
     assert_eq!(next(&mut sub).await.seq, s + 1);
     assert_eq!(next(&mut sub).await.seq, s + 3, "s + 2 withheld");
     let mut d = replayer(&replay_ep).await;
@@ -485,14 +486,7 @@ async fn a_withheld_batch_is_a_gap_replay_fills_unless_replay_is_lost_too() {
         set_fault(&c, &url, fault("kv_lost", s + 5)).await.status(),
         200
     );
-    for i in 0..3 {
-        chat(
-            &c,
-            &url,
-            &messages("Be brief.", &question(&format!("lost {i}"))),
-        )
-        .await;
-    }
+    chats(&c, &url, "lost", 3).await;
     assert_eq!(next(&mut sub).await.seq, s + 4);
     assert_eq!(next(&mut sub).await.seq, s + 6, "s + 5 withheld");
     let start = Bytes::copy_from_slice(&kvevents::seq_frame(s + 5));
