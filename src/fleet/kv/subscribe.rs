@@ -33,8 +33,10 @@ use crate::telemetry::metrics as m;
 
 /// How long a connection attempt (and a replay answer) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Wait between attempts to find or reach the publisher.
+/// First wait before finding or reaching the publisher again.
 const RETRY_EVERY: Duration = Duration::from_secs(5);
+/// Longest wait between attempts, and between asking an engine that publishes nothing.
+const ASK_AGAIN: Duration = Duration::from_secs(60);
 /// The most batches one replay answer may bring.
 const MAX_REPLAY: usize = 100_000;
 
@@ -102,26 +104,37 @@ pub fn parse_sources(body: &[u8], host: &str) -> Result<Source, SubscribeError> 
 }
 
 /// Follow `backend`'s KV events for as long as the task lives (the health task runs it).
+/// A publisher that cannot be reached is tried again after [`RETRY_EVERY`], doubling up to
+/// [`ASK_AGAIN`]; an engine that publishes no events is asked again after [`ASK_AGAIN`] (its
+/// setting changes only with a restart).
 pub async fn run(backend: Arc<Backend>) {
     if backend.kind() != BackendKind::Vllm || backend.config.kv_events == KvEvents::Off {
         return;
     }
     let kv = backend.state.kv();
-    for attempt in 0u32.. {
-        kv.set_status(if attempt == 0 {
-            Status::Connecting
-        } else {
-            Status::Lost
-        });
+    kv.set_status(Status::Connecting);
+    let mut wait = RETRY_EVERY;
+    loop {
         match source(&backend).await {
             Ok(src) => {
                 let err = follow(&backend, &src).await;
                 tracing::info!(backend = backend.name(), error = %err, "KV events: subscription ended");
+                kv.set_status(Status::Lost);
+                wait = RETRY_EVERY;
             }
-            Err(SubscribeError::Disabled) => kv.set_status(Status::Off),
-            Err(e) => tracing::debug!(backend = backend.name(), error = %e, "KV events: no source"),
+            Err(SubscribeError::Disabled) => {
+                kv.set_status(Status::Off);
+                wait = ASK_AGAIN;
+            }
+            Err(e) => {
+                tracing::debug!(backend = backend.name(), error = %e, "KV events: no source");
+                if kv.view().status == Status::Off {
+                    kv.set_status(Status::Connecting);
+                }
+                wait = (wait * 2).min(ASK_AGAIN);
+            }
         }
-        tokio::time::sleep(RETRY_EVERY).await;
+        tokio::time::sleep(wait).await;
     }
 }
 
