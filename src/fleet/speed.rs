@@ -2,7 +2,7 @@
 //! moving averages (EWMAs) updated when a request settles:
 //!
 //! - per backend ([`Speeds`], in [`super::BackendState::speeds`]): time to first token, prefill
-//!   speed (prompt tokens / TTFT), decode speed (completion tokens / (end − first token)) and
+//!   speed (prompt tokens it did not have cached / TTFT), decode speed (completion tokens / (end − first token)) and
 //!   the whole request's duration;
 //! - per model ([`ModelShapes`]): the average output length (used when a request sets no
 //!   `max_tokens`) and the ratio of reported prompt tokens to the gateway's estimate (so the
@@ -87,7 +87,8 @@ impl Level {
 #[derive(Debug, Default)]
 pub struct Speeds {
     pub ttft_seconds: Ewma,
-    /// Prompt tokens per second, per request (includes the queueing inside the engine).
+    /// Prompt tokens prefilled per second, per request: the tokens the engine did not have in
+    /// its prefix cache over the time to first token (includes the queueing inside the engine).
     pub prefill_tps: Ewma,
     /// Completion tokens per second, per request, at the batch sizes it ran with.
     pub decode_tps: Ewma,
@@ -111,6 +112,10 @@ pub struct Speeds {
 #[derive(Debug, Clone, Copy)]
 pub struct Observation {
     pub prompt_tokens: u64,
+    /// Of those, the tokens the engine served from its prefix cache (reported in the usage, else
+    /// what routing expected from its KV events; 0 when neither is known): not prefilled, so
+    /// not part of the prefill speed.
+    pub cached_tokens: u64,
     pub completion_tokens: u64,
     /// Until the first token (streams only).
     pub ttft: Option<Duration>,
@@ -141,8 +146,12 @@ impl Speeds {
             Some(ttft) => {
                 let ttft = ttft.as_secs_f64().max(1e-4);
                 self.ttft_seconds.observe(ttft);
-                if o.prompt_tokens > 0 && !o.queued {
-                    self.prefill_tps.observe(o.prompt_tokens as f64 / ttft);
+                // A cache hit's TTFT is the time of the rest of the prompt: counting the
+                // whole prompt would make a backend that serves hits look many times faster
+                // at prefill than it is, and cold prompts would be priced as nearly free there.
+                let prefilled = o.prompt_tokens.saturating_sub(o.cached_tokens);
+                if prefilled > 0 && !o.queued {
+                    self.prefill_tps.observe(prefilled as f64 / ttft);
                 }
                 let decode = (total - ttft).max(1e-4);
                 if o.completion_tokens >= MIN_DECODE_TOKENS {
@@ -266,6 +275,7 @@ mod tests {
         s.observe(
             &Observation {
                 prompt_tokens: 1000,
+                cached_tokens: 0,
                 completion_tokens: 101,
                 ttft: Some(Duration::from_millis(500)),
                 total: Duration::from_millis(2500),
@@ -280,6 +290,7 @@ mod tests {
         s.observe(
             &Observation {
                 prompt_tokens: 10,
+                cached_tokens: 0,
                 completion_tokens: 1,
                 ttft: Some(Duration::from_millis(10)),
                 total: Duration::from_millis(11),
@@ -289,6 +300,30 @@ mod tests {
         );
         assert!((s.busy_seen().unwrap() - 0.4).abs() < 1e-9);
         assert!((s.decode_tps.get().unwrap() - 50.0).abs() < 1e-6);
+    }
+
+    /// A request served mostly from the prefix cache prefilled only the rest of its prompt in
+    /// its time to first token: that rest is the sample, not the whole prompt.
+    #[test]
+    fn prefill_speed_counts_only_the_uncached_prompt() {
+        let s = Speeds::default();
+        let o = |cached_tokens| Observation {
+            prompt_tokens: 10_000,
+            cached_tokens,
+            completion_tokens: 101,
+            ttft: Some(Duration::from_millis(100)),
+            total: Duration::from_millis(2100),
+            queued: false,
+        };
+        // 9,000 of 10,000 cached: 1,000 tokens in 0.1 s
+        s.observe(&o(9_000), 0.0);
+        assert!((s.prefill_tps.get().unwrap() - 10_000.0).abs() < 1e-6);
+        // the whole prompt cached (reported so): nothing was prefilled, no sample
+        s.observe(&o(10_000), 0.0);
+        assert!((s.prefill_tps.get().unwrap() - 10_000.0).abs() < 1e-6);
+        // nothing cached: the whole prompt
+        s.observe(&o(0), 0.0);
+        assert!((s.prefill_tps.get().unwrap() - 10_000.0 - 0.2 * 90_000.0).abs() < 1e-6);
     }
 
     #[test]

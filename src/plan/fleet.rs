@@ -281,6 +281,8 @@ impl<'a> Sim<'a> {
             drop(guard);
             let o = Observation {
                 prompt_tokens: u64::from(seq.prompt_len),
+                // the modelled engines report no cached tokens to the modelled gateway
+                cached_tokens: 0,
                 completion_tokens: u64::from(seq.out_len),
                 ttft: Some(Duration::from_nanos(first - r.at_ns)),
                 total: Duration::from_nanos(now - r.at_ns),

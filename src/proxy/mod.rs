@@ -901,6 +901,7 @@ fn settlement(
         p.fields.prompt_tokens_estimate,
         sent_after,
         claimed.queued,
+        claimed.cached,
     ));
     if let Some(trace) = &p.trace {
         settle

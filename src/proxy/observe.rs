@@ -49,7 +49,9 @@ use crate::upstream::Body as Incoming;
 
 /// A settlement hook that feeds what a finished request taught: the backend's speed EWMAs
 /// (TTFT, prefill and decode speed, from the moment it was sent there) and the model's output
-/// length and prompt-estimate correction. Only complete answers with a usage report count.
+/// length and prompt-estimate correction. Only complete answers with a usage report count. The
+/// prefill speed counts the prompt tokens the engine did not have cached: those its usage
+/// reports cached, else `predicted_cached` (routing's expectation from its KV events).
 pub fn learn_hook(
     backend: Arc<Backend>,
     shapes: Arc<crate::fleet::speed::ModelShapes>,
@@ -57,6 +59,7 @@ pub fn learn_hook(
     prompt_estimate: u64,
     sent_after: Duration,
     queued: bool,
+    predicted_cached: Option<u64>,
 ) -> SettleHook {
     Box::new(move |o: &Outcome| {
         let (true, false, Some(u)) = (o.complete, o.continued, o.usage) else {
@@ -73,6 +76,7 @@ pub fn learn_hook(
         backend.state.speeds().observe(
             &crate::fleet::speed::Observation {
                 prompt_tokens: u.prompt_tokens,
+                cached_tokens: u.cached_tokens.or(predicted_cached).unwrap_or(0),
                 completion_tokens: u.completion_tokens,
                 ttft: o.ttft.map(|t| t.saturating_sub(sent_after)),
                 total: o.elapsed.saturating_sub(sent_after),
@@ -623,6 +627,7 @@ mod tests {
                 50,
                 Duration::ZERO,
                 queued,
+                None,
             )(&outcome(seen))
         };
         learn(false, true);
@@ -636,6 +641,45 @@ mod tests {
             .prefill_tps
             .get()
             .is_some_and(|v| (v - 50.0 / 7.0).abs() < 1e-6));
+    }
+
+    /// The prefill speed is learned from the tokens the engine did not have cached: the
+    /// reported `cached_tokens` when the usage has them, else what routing expected.
+    #[test]
+    fn a_cache_hit_teaches_the_prefill_speed_of_its_uncached_tokens() {
+        let learned = |reported: Option<u64>, predicted: Option<u64>| {
+            let (_, backend) = one_backend();
+            let shapes = Arc::new(crate::fleet::speed::ModelShapes::default());
+            let outcome = crate::settle::Outcome {
+                usage: Some(Usage {
+                    prompt_tokens: 8000,
+                    completion_tokens: 50,
+                    cached_tokens: reported,
+                }),
+                complete: true,
+                ttft: Some(Duration::from_millis(100)),
+                elapsed: Duration::from_secs(1),
+                pending: None,
+                continued: false,
+                queue_seen: false,
+            };
+            learn_hook(
+                backend.clone(),
+                shapes,
+                "m".into(),
+                8000,
+                Duration::ZERO,
+                false,
+                predicted,
+            )(&outcome);
+            backend.state.speeds().prefill_tps.get().unwrap()
+        };
+        // 7,000 reported cached: 1,000 tokens in 0.1 s, whatever routing expected
+        assert!((learned(Some(7000), Some(6000)) - 10_000.0).abs() < 1e-6);
+        // nothing reported: routing's expectation
+        assert!((learned(None, Some(6000)) - 20_000.0).abs() < 1e-6);
+        // neither: the whole prompt, as before
+        assert!((learned(None, None) - 80_000.0).abs() < 1e-6);
     }
 
     /// A backend that echoes the key Sluice sent it inside a 200 stream (an error event, a

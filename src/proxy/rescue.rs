@@ -342,6 +342,7 @@ mod tests {
         for _ in 0..10 {
             let o = Observation {
                 prompt_tokens: 1000,
+                cached_tokens: 0,
                 completion_tokens: 100,
                 ttft: Some(Duration::from_secs_f64(ttft)),
                 total: Duration::from_secs_f64(ttft + 2.0),

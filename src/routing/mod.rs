@@ -432,6 +432,7 @@ mod tests {
             b.state.speeds().observe(
                 &crate::fleet::speed::Observation {
                     prompt_tokens: 1000,
+                    cached_tokens: 0,
                     completion_tokens: 101,
                     ttft: Some(Duration::from_secs_f64(ttft)),
                     total: Duration::from_secs_f64(ttft + 100.0 / decode_tps),

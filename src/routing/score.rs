@@ -394,6 +394,7 @@ mod tests {
             b.state.speeds().observe(
                 &Observation {
                     prompt_tokens: 1000,
+                    cached_tokens: 0,
                     completion_tokens: 101,
                     ttft: Some(Duration::from_millis(500)),
                     total: Duration::from_secs_f64(0.5 + 100.0 / decode_tps),
