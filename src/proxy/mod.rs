@@ -792,19 +792,13 @@ async fn respond(
             insert_retry_after(response.headers_mut(), after);
         }
         response.headers_mut().extend(p.limit_headers.clone());
+        routing_headers(config, backend, claimed.cached, response.headers_mut());
         record.error = Some(format!("backend_{}", status.as_u16()));
         finish_record(record);
         return response;
     }
     let mut out_headers = headers::downstream_headers(&parts.headers);
-    if config.routing.expose_backend_header {
-        if let Ok(v) = HeaderValue::from_str(backend.name()) {
-            out_headers.insert("x-sluice-backend", v);
-        }
-        if let Some(c) = claimed.cached {
-            out_headers.insert("x-sluice-cached-prefix", HeaderValue::from(c));
-        }
-    }
+    routing_headers(config, backend, claimed.cached, &mut out_headers);
     let edits = match answer.reply {
         // The translation writes the client's shape: model name, ids and finish included.
         Some(_) => Edits {
@@ -862,6 +856,25 @@ fn answer_edits(
             .api
             .issued_ids(backend.name(), &p.identity.tenant)
             .map(Arc::from),
+    }
+}
+
+/// With `[routing] expose_backend_header`, the backend that answered and the prompt tokens
+/// routing expected cached there, on every answer a backend gave, its errors included.
+fn routing_headers(
+    config: &Config,
+    backend: &Backend,
+    cached: Option<u64>,
+    headers: &mut HeaderMap,
+) {
+    if !config.routing.expose_backend_header {
+        return;
+    }
+    if let Ok(v) = HeaderValue::from_str(backend.name()) {
+        headers.insert("x-sluice-backend", v);
+    }
+    if let Some(c) = cached {
+        headers.insert("x-sluice-cached-prefix", HeaderValue::from(c));
     }
 }
 

@@ -173,3 +173,27 @@ async fn without_a_tokenizer_nothing_is_predicted() {
     assert_eq!(predicted, None);
     g.stop().await;
 }
+
+/// An engine's refusal is passed on naming the backend that gave it, and the cached prefix
+/// routing expected there, as its answers are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_refusal_names_its_backend() {
+    let tokenizer = Arc::new(Tokenizer::load(&fixture()).unwrap());
+    let sims = [engine(&tokenizer).await];
+    let g = gateway(&sims).await;
+    let r = client()
+        .post(g.url("/v1/chat/completions"))
+        .json(&json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hello there, how are you today?"}],
+            "max_tokens": 4,
+            "ignore_eos": "not a boolean",
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["x-sluice-backend"], "e0");
+    assert_eq!(r.headers()["x-sluice-cached-prefix"], "0");
+    g.stop().await;
+}
