@@ -7,8 +7,8 @@
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use serde::de::IgnoredAny;
-use sluice::openai::edit;
 use sluice::api::{CHAT, COMPLETIONS, EMBEDDINGS};
+use sluice::openai::edit;
 use sluice::openai::RequestFields;
 
 /// Names the body is renamed to: plain, needing escapes, non-ASCII.
