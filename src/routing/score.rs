@@ -66,11 +66,18 @@ pub struct Request {
     pub output_tokens: u64,
 }
 
-/// Speeds assumed for backends not measured yet (see [`Prior::of`]).
+/// Relative distance from the candidates' common decode speed within which a backend's
+/// measured decode speed counts as that common speed (see [`breakdown`]).
+pub const DECODE_NOISE: f64 = 0.15;
+
+/// Speeds assumed for backends not measured yet (see [`Prior::of`]), and the candidates'
+/// common decode speed.
 #[derive(Debug, Clone, Copy)]
 pub struct Prior {
     pub prefill_tps: f64,
     pub decode_tps: f64,
+    /// The median of the candidates' measured decode speeds (two measured at least).
+    pub decode_common: Option<f64>,
 }
 
 impl Prior {
@@ -81,9 +88,16 @@ impl Prior {
         let fastest = |f: &dyn Fn(&Backend) -> Option<f64>, default: f64| {
             backends.iter().filter_map(|b| f(b)).fold(default, f64::max)
         };
+        let mut decode: Vec<f64> = backends
+            .iter()
+            .filter_map(|b| b.state.speeds().decode_tps.get())
+            .collect();
+        decode.sort_by(f64::total_cmp);
+        let n = decode.len();
         Prior {
             prefill_tps: fastest(&|b| b.state.speeds().prefill_tps.get(), PRIOR_PREFILL_TPS),
             decode_tps: fastest(&|b| b.state.speeds().decode_tps.get(), PRIOR_DECODE_TPS),
+            decode_common: (n >= 2).then(|| (decode[(n - 1) / 2] + decode[n / 2]) / 2.0),
         }
     }
 }
@@ -173,6 +187,18 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     if gw_busy < 1.0 && last != 0 && monotonic_ms().saturating_sub(last) > STALE_SPEEDS_MS {
         prefill_tps = prefill_tps.max(prior.prefill_tps);
         decode_tps = decode_tps.max(prior.decode_tps);
+    }
+    // Like engines measure decode speeds a few percent apart: each EWMA follows its own
+    // requests, their batches and the prefills that stalled their steps. Times an expected
+    // output of hundreds of tokens that noise is seconds' worth of score, more than the
+    // prefill a cached prefix saves, so requests would leave the engine holding their prefix
+    // for the one whose estimate happens to be higher (and replicas, each measuring its own
+    // traffic, would disagree on it). A speed within `DECODE_NOISE` of the candidates' common
+    // one counts as that one; an engine clearly slower or faster keeps its own.
+    if let Some(common) = prior.decode_common {
+        if (decode_tps / common - 1.0).abs() <= DECODE_NOISE {
+            decode_tps = common;
+        }
     }
     let prefill_tps = prefill_tps.max(1.0);
     let decode_tps = decode_tps.max(0.01);
@@ -387,6 +413,7 @@ mod tests {
     const PRIOR: Prior = Prior {
         prefill_tps: 1000.0,
         decode_tps: 50.0,
+        decode_common: None,
     };
 
     fn measure(b: &Backend, decode_tps: f64) {
@@ -403,6 +430,33 @@ mod tests {
                 1.0,
             );
         }
+    }
+
+    /// Engines measured a few percent apart in decode speed are scored alike (the noise of
+    /// their EWMAs would outweigh the prefill a cached prefix saves); one clearly slower keeps
+    /// its own speed.
+    #[test]
+    fn decode_speeds_within_noise_of_the_common_one_count_as_it() {
+        let (a, b, c, slow) = (
+            backend(BackendKind::Vllm, None),
+            backend(BackendKind::Vllm, None),
+            backend(BackendKind::Vllm, None),
+            backend(BackendKind::Vllm, None),
+        );
+        measure(&a, 100.0);
+        measure(&b, 94.0);
+        measure(&c, 97.0);
+        measure(&slow, 50.0);
+        let prior = Prior::of(&[&a, &b, &c, &slow]);
+        assert!(prior.decode_common.is_some_and(|c| (c - 95.5).abs() < 1e-6));
+        let s = |x: &Backend| breakdown(x, "m", REQ, prior);
+        assert_eq!(s(&a).decode_seconds, s(&b).decode_seconds);
+        assert_eq!(s(&a).score, s(&c).score);
+        assert!(s(&slow).decode_seconds > 1.8 * s(&a).decode_seconds);
+        // one measured candidate has no common speed: its own
+        let alone = Prior::of(&[&b]);
+        assert_eq!(alone.decode_common, None);
+        assert!(breakdown(&b, "m", REQ, alone).decode_seconds > s(&a).decode_seconds);
     }
 
     #[test]
