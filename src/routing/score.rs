@@ -46,7 +46,8 @@ pub const PRIOR_DECODE_TPS: f64 = 40.0;
 pub const COLD_LOAD_SECONDS: f64 = 30.0;
 /// KV usage above which preemption risk is priced in.
 const KV_PRESSURE: f64 = 0.9;
-/// Measurements older than this (ms) on an idle backend are relaxed towards the fleet's.
+/// Decode measurements older than this (ms) on an idle backend are relaxed towards the
+/// fleet's best.
 const STALE_SPEEDS_MS: u64 = 5_000;
 
 /// Batch slots assumed when neither config, engine nor observation tell.
@@ -179,13 +180,15 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     let busy = gw_busy.max(engine_busy);
     let slots = slots(b);
 
-    let mut prefill_tps = st.speeds().prefill_tps.get().unwrap_or(prior.prefill_tps);
+    let prefill_tps = st.speeds().prefill_tps.get().unwrap_or(prior.prefill_tps);
     let mut decode_tps = st.speeds().decode_tps.get().unwrap_or(prior.decode_tps);
-    // An idle backend whose measurements are old gets the benefit of the doubt, so one bad
-    // stretch cannot starve it of the samples that would correct it.
+    // An idle backend whose measurements are old gets the benefit of the doubt on its decode
+    // speed, so one bad stretch cannot starve it of the samples that would correct it. Not on
+    // its prefill speed: the request that pays for a wrong doubt is then one whose own
+    // prefill is short (its decode retries the engine), never a long cold prompt priced at
+    // the fleet's best prefill on an engine measured three times slower.
     let last = st.speeds().last_sample_ms.load(Ordering::Relaxed);
     if gw_busy < 1.0 && last != 0 && monotonic_ms().saturating_sub(last) > STALE_SPEEDS_MS {
-        prefill_tps = prefill_tps.max(prior.prefill_tps);
         decode_tps = decode_tps.max(prior.decode_tps);
     }
     // Like engines measure decode speeds a few percent apart: each EWMA follows its own
@@ -457,6 +460,47 @@ mod tests {
         let alone = Prior::of(&[&b]);
         assert_eq!(alone.decode_common, None);
         assert!(breakdown(&b, "m", REQ, alone).decode_seconds > s(&a).decode_seconds);
+    }
+
+    /// An idle engine measured slow a while ago is retried on its decode speed (the fleet's
+    /// best), not its prefill speed: a long cold prompt is not the request that pays for it.
+    #[test]
+    fn a_stale_idle_backend_is_retried_on_decode_not_prefill() {
+        let clock = crate::fleet::clock::Virtual::install(1_000, 1);
+        let (fast, slow) = (
+            backend(BackendKind::Vllm, None),
+            backend(BackendKind::Vllm, None),
+        );
+        let measure_at = |b: &Backend, prefill_tps: f64, decode_tps: f64| {
+            for _ in 0..10 {
+                b.state.speeds().observe(
+                    &Observation {
+                        prompt_tokens: 1000,
+                        cached_tokens: 0,
+                        completion_tokens: 101,
+                        ttft: Some(Duration::from_secs_f64(1000.0 / prefill_tps)),
+                        total: Duration::from_secs_f64(1000.0 / prefill_tps + 100.0 / decode_tps),
+                        queued: false,
+                    },
+                    1.0,
+                );
+            }
+        };
+        measure_at(&slow, 1000.0, 50.0);
+        clock.set_ms(1_000 + STALE_SPEEDS_MS + 1);
+        measure_at(&fast, 3000.0, 100.0);
+        let prior = Prior::of(&[&fast, &slow]);
+        let long = Request {
+            prompt_tokens: 20_000,
+            output_tokens: 100,
+        };
+        let (f, s) = (
+            breakdown(&fast, "m", long, prior),
+            breakdown(&slow, "m", long, prior),
+        );
+        assert!((s.prefill_seconds - 20.0).abs() < 1e-6, "{s:?}");
+        assert!((s.decode_seconds - f.decode_seconds).abs() < 1e-9);
+        assert!(s.score > f.score);
     }
 
     #[test]
