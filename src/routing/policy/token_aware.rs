@@ -4,10 +4,15 @@
 //! up to `p2c_above` backends, power of two choices above.
 //!
 //! A busy backend holding the prompt's prefix and an idle one without it are weighed by the
-//! same expected time: the prefill the cache saves against the wait the queue costs. Scores
-//! equal within [`TIE`] are broken by rendezvous rank of the request's prefix, not at random,
-//! so gateway replicas that see the same fleet choose the same backend and a new prefix lands
-//! in one place.
+//! same expected time: the prefill the cache saves against the wait the queue costs.
+//!
+//! Where engines report their caches, scores within [`NOISE`] of the best are not told apart
+//! by their estimates but by facts: the longest cached prefix, then the rendezvous rank of the
+//! request's prefix. An expected finish rests on speeds each gateway replica measures from its
+//! own requests and on in-flight counts it sees only for its own; the KV index and the rank
+//! are the same on every replica. So replicas choose alike, and a session stays with its cache
+//! while the cost of staying is within what the estimate can resolve. Without KV facts, scores
+//! equal within [`TIE`] are broken by the same rank, and a new prefix lands in one place.
 
 use super::{Pick, Policy};
 use crate::fleet::clock;
@@ -16,6 +21,11 @@ use crate::routing::score::{self, Prior};
 
 /// Relative difference under which two scores count as equal.
 const TIE: f64 = 1e-6;
+
+/// Relative difference under which two scores cannot be told apart where KV facts exist: an
+/// EWMA of speeds moves by about this much between replicas and between like engines (see
+/// [`score::DECODE_NOISE`]).
+pub const NOISE: f64 = 0.1;
 
 pub struct TokenAware;
 
@@ -33,25 +43,64 @@ impl Policy for TokenAware {
             let b = (a + 1 + clock::below(n - 1)) % n;
             return if score_of(b) < score_of(a) { b } else { a };
         }
-        let key = pick.input.prefix_hash;
-        let rank = |i: usize| key.map_or(0, |k| rendezvous_rank(k, backends[i].name()));
-        let offset = clock::below(n);
-        let mut best = offset;
-        let mut best_score = f64::INFINITY;
-        for k in 0..n {
-            let i = (offset + k) % n;
-            let s = score_of(i);
-            let better = if k == 0 || !best_score.is_finite() {
-                s < best_score || k == 0
-            } else {
-                let tied = key.is_some() && (s - best_score).abs() <= TIE * best_score.abs();
-                (s < best_score && !tied) || (tied && rank(i) > rank(best))
-            };
-            if better {
-                best = i;
-                best_score = if k == 0 { s } else { best_score.min(s) };
-            }
+        let cached: Option<Vec<u64>> = pick.input.prompt.as_ref().and_then(|_| {
+            let c: Vec<Option<u64>> = backends.iter().map(|b| pick.input.cached_on(b)).collect();
+            c.iter()
+                .any(Option::is_some)
+                .then(|| c.into_iter().map(|x| x.unwrap_or(0)).collect())
+        });
+        match cached {
+            Some(cached) => by_facts(pick, &cached, score_of),
+            None => lowest(pick, score_of),
         }
-        best
     }
 }
+
+/// The rendezvous rank of backend `i` for the request's prefix (0 without one).
+fn rank(pick: &Pick<'_>, i: usize) -> u64 {
+    pick.input
+        .prefix_hash
+        .map_or(0, |k| rendezvous_rank(k, pick.backends[i].name()))
+}
+
+/// The lowest score; equal scores (within [`TIE`]) by rank, from a random start.
+fn lowest(pick: &Pick<'_>, score_of: impl Fn(usize) -> f64) -> usize {
+    let n = pick.backends.len();
+    let keyed = pick.input.prefix_hash.is_some();
+    let offset = clock::below(n);
+    let mut best = offset;
+    let mut best_score = f64::INFINITY;
+    for k in 0..n {
+        let i = (offset + k) % n;
+        let s = score_of(i);
+        let better = if k == 0 || !best_score.is_finite() {
+            s < best_score || k == 0
+        } else {
+            let tied = keyed && (s - best_score).abs() <= TIE * best_score.abs();
+            (s < best_score && !tied) || (tied && rank(pick, i) > rank(pick, best))
+        };
+        if better {
+            best = i;
+            best_score = if k == 0 { s } else { best_score.min(s) };
+        }
+    }
+    best
+}
+
+/// Among the backends scoring within [`NOISE`] of the best, the one holding the longest
+/// prefix of the prompt (`cached[i]` tokens), then the highest rank.
+fn by_facts(pick: &Pick<'_>, cached: &[u64], score_of: impl Fn(usize) -> f64) -> usize {
+    let scores: Vec<f64> = (0..pick.backends.len()).map(score_of).collect();
+    let best = scores.iter().copied().fold(f64::INFINITY, f64::min);
+    if !best.is_finite() {
+        return lowest(pick, |i| scores[i]);
+    }
+    let within = best + NOISE * best.abs();
+    (0..scores.len())
+        .filter(|&i| scores[i] <= within)
+        .max_by_key(|&i| (cached[i], rank(pick, i)))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests;
