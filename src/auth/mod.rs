@@ -46,12 +46,14 @@ impl Identity {
         }
     }
 
-    /// Whether this identity may use `model` (client name or alias).
+    /// Whether this identity may use `model` (client name, alias or LoRA adapter): its
+    /// allow-list names it, or names `base:*` for its base model (the base and all its
+    /// adapters).
     pub fn allows(&self, fleet: &Fleet, model: &str) -> bool {
         match &self.config {
             None => true,
             Some(k) if k.models.is_empty() => true,
-            Some(k) => k.models.iter().any(|m| fleet.same_model(model, m)),
+            Some(k) => k.models.iter().any(|m| fleet.allowed_by(model, m)),
         }
     }
 }

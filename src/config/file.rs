@@ -21,6 +21,9 @@ pub struct FileConfig {
     pub backends: Vec<BackendSection>,
     #[serde(default)]
     pub models: Vec<ModelSection>,
+    /// LoRA adapters: each served on the engines of its base model, loaded where missing.
+    #[serde(default)]
+    pub adapters: Vec<AdapterSection>,
     #[serde(default)]
     pub keys: Vec<KeySection>,
     #[serde(default)]
@@ -323,6 +326,9 @@ pub struct BackendSection {
     /// vLLM KV-cache events: `false` turns them off, a `tcp://host:port` string names the
     /// publisher (default: asked of the engine's `GET /kv_event_sources`).
     pub kv_events: Option<KvEventsSetting>,
+    /// LoRA adapters Sluice keeps loaded on this engine before it unloads the least recently
+    /// used one (default: the engine's adapter slots, `max_lora`).
+    pub max_adapters: Option<u32>,
     #[serde(default)]
     pub timeouts: TimeoutsSection,
 }
@@ -346,6 +352,17 @@ pub struct ModelSection {
     /// The model's tokenizer folder (`tokenizer.json`, `tokenizer_config.json`, the chat
     /// template), read at load so the gateway computes prompt token ids as the engines do.
     pub tokenizer: Option<String>,
+}
+
+/// `[[adapters]]`: a LoRA adapter clients name as their model.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdapterSection {
+    pub name: String,
+    /// The model it adapts (a `[[models]]` name or a model a backend serves).
+    pub base: String,
+    /// Where the engines load it from (a folder on the engines' machines).
+    pub path: String,
 }
 
 #[derive(Debug, Deserialize)]

@@ -33,6 +33,8 @@ pub struct Config {
     pub health: HealthConfig,
     pub backends: Vec<BackendConfig>,
     pub models: Vec<ModelConfig>,
+    /// `[[adapters]]`: LoRA adapters by name.
+    pub adapters: Vec<AdapterConfig>,
     pub keys: Vec<KeyConfig>,
     pub redis_url: Option<String>,
     /// `[[tenants]]`: team limits.
@@ -396,6 +398,9 @@ pub struct BackendConfig {
     pub health_path: Option<String>,
     /// Where its KV-cache events come from (vLLM only).
     pub kv_events: KvEvents,
+    /// LoRA adapters kept loaded before the least recently used is unloaded (`None`: the
+    /// engine's adapter slots).
+    pub max_adapters: Option<u32>,
     pub timeouts: Timeouts,
 }
 
@@ -418,6 +423,16 @@ pub struct ModelConfig {
     /// The model's own tokenizer and chat template (`tokenizer = "<folder>"`), loaded when the
     /// config is validated.
     pub tokenizer: Option<Arc<Tokenizer>>,
+}
+
+/// A LoRA adapter (`[[adapters]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterConfig {
+    pub name: String,
+    /// The canonical name of the model it adapts.
+    pub base: String,
+    /// Where engines load it from.
+    pub path: String,
 }
 
 #[derive(Debug, Clone)]

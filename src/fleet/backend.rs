@@ -183,6 +183,7 @@ pub struct BackendState {
     /// What the engine reports of its own timing, as windows (see [`super::timings`]).
     timings: super::timings::Timings,
     kv: super::kv::KvCache,
+    adapters: Arc<super::adapters::Adapters>,
     /// Bumped each time the backend enters a failed state ([`Health::failed`]): requests
     /// waiting for its response head select on it and are rescued elsewhere at once.
     withdrawals: tokio::sync::watch::Sender<u64>,
@@ -217,6 +218,7 @@ impl BackendState {
             speeds: Speeds::default(),
             timings: Default::default(),
             kv: Default::default(),
+            adapters: Default::default(),
             withdrawals: tokio::sync::watch::Sender::new(0),
             last_answer_ms: AtomicU64::new(0),
         }
@@ -375,6 +377,11 @@ impl BackendState {
     /// What the engine holds in its prefix cache, from its KV events.
     pub fn kv(&self) -> &super::kv::KvCache {
         &self.kv
+    }
+
+    /// The LoRA adapters it holds and runs.
+    pub fn adapters(&self) -> &Arc<super::adapters::Adapters> {
+        &self.adapters
     }
 
     pub fn timings(&self) -> &super::timings::Timings {
@@ -716,6 +723,7 @@ mod tests {
                 max_concurrent: None,
                 health_path: None,
                 kv_events: Default::default(),
+                max_adapters: None,
                 timeouts: Timeouts::default(),
             },
             Arc::new(BackendState::new()),

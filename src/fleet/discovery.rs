@@ -43,6 +43,7 @@ pub fn members(
                 max_concurrent: d.max_concurrent,
                 health_path: None,
                 kv_events: Default::default(),
+                max_adapters: None,
                 timeouts,
             })
         })

@@ -143,22 +143,29 @@ async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
     }
 }
 
-/// For a vLLM or OpenAI-compatible backend whose models are configured (so discovery does not
-/// read its list), read its `/v1/models` for the context lengths, at the discovery cadence.
-/// Best effort: a failure says nothing about the backend's health.
+/// For a vLLM or OpenAI-compatible backend, read its `/v1/models` at the discovery cadence:
+/// the context lengths (when its models are configured, so discovery does not read the list)
+/// and, from vLLM, the LoRA adapters it holds. Best effort: a failure says nothing about the
+/// backend's health.
 async fn learn_context_lengths(backend: &Backend, last: &mut Option<u64>) {
-    let listed = matches!(backend.kind(), BackendKind::Vllm | BackendKind::OpenAi);
+    let vllm = backend.kind() == BackendKind::Vllm;
+    let listed = vllm || backend.kind() == BackendKind::OpenAi;
     let due =
         last.is_none_or(|t| monotonic_ms().saturating_sub(t) >= DISCOVERY_EVERY.as_millis() as u64);
-    if !(listed && backend.models_configured() && due) {
+    if !(listed && (backend.models_configured() || vllm) && due) {
         return;
     }
     *last = Some(monotonic_ms());
     if let Ok((status, body)) = get(backend, "/v1/models").await {
         if status.is_success() {
-            backend
-                .state
-                .set_context_lengths(parse_context_lengths(&body));
+            if backend.models_configured() {
+                backend
+                    .state
+                    .set_context_lengths(parse_context_lengths(&body));
+            }
+            if let Some(adapters) = super::adapters::parse_listed(&body).filter(|_| vllm) {
+                backend.state.adapters().set_listed(adapters);
+            }
         }
     }
 }
@@ -361,6 +368,9 @@ struct OpenAiModels {
 #[derive(Deserialize)]
 struct OpenAiModel {
     id: String,
+    /// Set on a LoRA adapter (its base): adapters are not models of their own here.
+    #[serde(default)]
+    parent: Option<String>,
 }
 #[derive(Deserialize)]
 struct ContextModels {
@@ -441,7 +451,13 @@ pub fn parse_models(kind: BackendKind, path: &str, body: &[u8]) -> Option<Vec<St
         }
         _ => {
             let list: OpenAiModels = serde_json::from_slice(body).ok()?;
-            Some(list.data.into_iter().map(|m| m.id).collect())
+            Some(
+                list.data
+                    .into_iter()
+                    .filter(|m| m.parent.is_none())
+                    .map(|m| m.id)
+                    .collect(),
+            )
         }
     }
 }

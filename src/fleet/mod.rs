@@ -17,6 +17,7 @@
 //! - [`speed`]: measured EWMAs per backend (TTFT, prefill and decode speed) and per model.
 //! - [`timings`]: what each engine reports of its own timing, as windows between scrapes (the
 //!   live profile's input).
+//! - [`adapters`]: the LoRA adapters each engine holds and runs, and what a load costs there.
 //! - [`kv`]: what each vLLM engine holds in its prefix cache, from its KV-cache events.
 //! - [`tokenize`]: exact prompt token counts from a vLLM or TGI backend's tokenizer.
 //! - [`view`]: [`BackendView`], one serialisable snapshot of a backend for the operations
@@ -26,6 +27,7 @@
 //! the same; load counters are only changed through guards, so every exit path releases them
 //! (the compiler holds this: [`BackendState`]'s fields are private).
 
+pub mod adapters;
 pub mod backend;
 pub mod clock;
 pub mod discovery;

@@ -99,6 +99,7 @@ impl RegisterRequest {
                 max_concurrent: self.max_concurrent,
                 health_path: self.health_path,
                 kv_events: Default::default(),
+                max_adapters: None,
                 timeouts: config.backend_timeouts,
             },
             ttl,

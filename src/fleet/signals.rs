@@ -318,6 +318,7 @@ pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u
             if let Some(c) = super::timings::Counters::from_vllm(&samples, unix_seconds()) {
                 backend.state.timings().observe(c);
             }
+            backend.state.adapters().observe_metrics(&samples);
             vllm_signals(&samples)
         }
         BackendKind::Tgi => {

@@ -4,12 +4,18 @@
 //! the candidates are the backends that serve that name (configured or discovered), each with the
 //! name that backend knows it by. A fleet is rebuilt on every reload, reusing the
 //! [`BackendState`] of backends whose name, kind and URL did not change.
+//!
+//! A LoRA adapter (configured in `[[adapters]]`, or listed by an engine with its base) that no
+//! backend serves as a model resolves to the backends of its base model that hold it or can
+//! load it (vLLM, with a configured path, unless the engine refused run-time loading), each
+//! knowing it by the adapter's name; [`Resolved::adapter`] says what to load where it is
+//! missing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{Backend, BackendState};
-use crate::config::{BackendConfig, BackendKind, Config, PolicyKind};
+use crate::config::{AdapterConfig, BackendConfig, BackendKind, Config, PolicyKind};
 use crate::upstream::BackendTls;
 
 /// The fleet of one config snapshot.
@@ -18,6 +24,7 @@ pub struct Fleet {
     pub backends: Vec<Arc<Backend>>,
     aliases: HashMap<String, String>,
     policies: HashMap<String, PolicyKind>,
+    adapters: HashMap<String, AdapterConfig>,
     /// The backends' TLS client configuration, from this snapshot's `[backend_tls]`.
     tls: BackendTls,
 }
@@ -29,6 +36,18 @@ pub struct Resolved {
     /// Each backend serving the model, with the model's name on that backend.
     pub candidates: Vec<(Arc<Backend>, String)>,
     pub policy: Option<PolicyKind>,
+    /// The LoRA adapter the request names, when it names one.
+    pub adapter: Option<Adapter>,
+}
+
+/// A LoRA adapter a request names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adapter {
+    pub name: String,
+    /// The canonical name of its base model.
+    pub base: String,
+    /// Where engines load it from (`None`: not configured, served only where it is held).
+    pub path: Option<String>,
 }
 
 /// One entry of `/v1/models`.
@@ -41,6 +60,8 @@ pub struct ModelEntry {
     /// The smallest context length its backends report (what every one of them can take);
     /// `None` when none reports one.
     pub context_length: Option<u64>,
+    /// The base model of a LoRA adapter.
+    pub parent: Option<String>,
 }
 
 impl Fleet {
@@ -80,6 +101,11 @@ impl Fleet {
             backends,
             aliases: config.alias_map(),
             policies,
+            adapters: config
+                .adapters
+                .iter()
+                .map(|a| (a.name.clone(), a.clone()))
+                .collect(),
             tls,
         }
     }
@@ -108,6 +134,21 @@ impl Fleet {
         self.canonical(model) == self.canonical(allowed)
     }
 
+    /// Whether the allow-list entry `entry` lets a client use `model`: the same model, or
+    /// `base:*` for `base` itself and every adapter of it.
+    pub fn allowed_by(&self, model: &str, entry: &str) -> bool {
+        if self.same_model(model, entry) {
+            return true;
+        }
+        let Some(base) = entry.strip_suffix(":*") else {
+            return false;
+        };
+        self.same_model(model, base)
+            || self
+                .adapter(model)
+                .is_some_and(|a| a.base == self.canonical(base))
+    }
+
     /// Backends serving `model`, healthy or not; `None` if no backend serves it at all.
     pub fn resolve(&self, model: &str) -> Option<Resolved> {
         let canonical = self.canonical(model);
@@ -118,12 +159,60 @@ impl Fleet {
             }
         }
         if candidates.is_empty() {
-            return None;
+            return self.resolve_adapter(model);
         }
         Some(Resolved {
             canonical: canonical.to_string(),
             candidates,
             policy: self.policies.get(canonical).copied(),
+            adapter: None,
+        })
+    }
+
+    /// The adapter named `name` (configured, or listed by an engine), when it has one.
+    pub fn adapter(&self, name: &str) -> Option<Adapter> {
+        if let Some(a) = self.adapters.get(name) {
+            return Some(Adapter {
+                name: a.name.clone(),
+                base: a.base.clone(),
+                path: Some(a.path.clone()),
+            });
+        }
+        let base = self
+            .backends
+            .iter()
+            .find_map(|b| b.state.adapters().base_of(name))?;
+        Some(Adapter {
+            name: name.to_string(),
+            base: self.canonical(&base).to_string(),
+            path: None,
+        })
+    }
+
+    /// The backends of an adapter's base that hold it or can load it.
+    fn resolve_adapter(&self, name: &str) -> Option<Resolved> {
+        let adapter = self.adapter(name)?;
+        let candidates: Vec<(Arc<Backend>, String)> = self
+            .backends
+            .iter()
+            .filter(|b| b.serves(&adapter.base).is_some())
+            .filter(|b| {
+                let held = b.state.adapters();
+                held.holds(name)
+                    || (adapter.path.is_some()
+                        && b.kind() == BackendKind::Vllm
+                        && held.loads_at_run_time())
+            })
+            .map(|b| (b.clone(), name.to_string()))
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        Some(Resolved {
+            canonical: name.to_string(),
+            candidates,
+            policy: self.policies.get(&adapter.base).copied(),
+            adapter: Some(adapter),
         })
     }
 
@@ -140,6 +229,7 @@ impl Fleet {
                     owned_by: "sluice".to_string(),
                     backends: Vec::new(),
                     context_length: None,
+                    parent: None,
                 });
                 entry.backends.push(b.name().to_string());
                 // (what a model list reports: TGI's and Ollama's windows, learned for
@@ -167,10 +257,55 @@ impl Fleet {
                     owned_by: "sluice".to_string(),
                     backends: backends.clone(),
                     context_length: *context,
+                    parent: None,
                 });
             }
         }
+        self.list_adapters(&mut by_name);
         by_name.into_values().collect()
+    }
+
+    /// Each adapter once, with its base: those held by a routable backend of their base, and
+    /// configured ones whose base some routable backend serves and could load them.
+    fn list_adapters(&self, by_name: &mut BTreeMap<String, ModelEntry>) {
+        let mut names: Vec<String> = self.adapters.keys().cloned().collect();
+        for b in &self.backends {
+            names.extend(b.state.adapters().held().into_iter().map(|(n, _)| n));
+        }
+        names.sort();
+        names.dedup();
+        for name in names {
+            if by_name.contains_key(&name) {
+                continue;
+            }
+            let Some(Resolved {
+                candidates,
+                adapter: Some(adapter),
+                ..
+            }) = self.resolve_adapter(&name)
+            else {
+                continue;
+            };
+            let backends: Vec<String> = candidates
+                .iter()
+                .filter(|(b, _)| b.state.health().routable())
+                .map(|(b, _)| b.name().to_string())
+                .collect();
+            if backends.is_empty() {
+                continue;
+            }
+            let context_length = by_name.get(&adapter.base).and_then(|e| e.context_length);
+            by_name.insert(
+                name.clone(),
+                ModelEntry {
+                    id: name,
+                    owned_by: "sluice".to_string(),
+                    backends,
+                    context_length,
+                    parent: Some(adapter.base),
+                },
+            );
+        }
     }
 
     /// Whether any backend can take a request now (for `/readyz`).

@@ -48,6 +48,8 @@ pub struct BackendView {
     pub context_lengths: std::collections::BTreeMap<String, u64>,
     /// What its KV-cache events tell (vLLM; `status: "off"` for the rest).
     pub kv_cache: super::kv::KvView,
+    /// The LoRA adapters it holds, its adapter slots and its learned load time.
+    pub adapters: AdaptersView,
     #[serde(skip)]
     pub health: Health,
     #[serde(skip)]
@@ -56,6 +58,16 @@ pub struct BackendView {
     pub pending_prefill_requests: u64,
     #[serde(skip)]
     pub pending_prefill_tokens: u64,
+}
+
+/// A backend's LoRA adapters as the operations surfaces show them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AdaptersView {
+    pub held: Vec<super::adapters::HeldView>,
+    /// The engine's adapter slots (`max_lora`), when reported.
+    pub max_lora: Option<u32>,
+    /// The learned time of a load there, when one was measured.
+    pub load_seconds: Option<f64>,
 }
 
 impl Backend {
@@ -92,6 +104,11 @@ impl Backend {
             last_probe_ms_ago: (t.last_probe_ms > 0).then(|| now.saturating_sub(t.last_probe_ms)),
             context_lengths: (*s.context_lengths()).clone(),
             kv_cache: s.kv().view(),
+            adapters: AdaptersView {
+                held: s.adapters().view(),
+                max_lora: s.adapters().max_lora(),
+                load_seconds: s.adapters().load_seconds(),
+            },
             health,
             draining: s.is_draining(),
             pending_prefill_requests: s.pending_prefill_requests(),
@@ -120,13 +137,14 @@ mod tests {
             max_concurrent: Some(8),
             health_path: None,
             kv_events: Default::default(),
+            max_adapters: None,
             timeouts: Timeouts::default(),
         };
         Backend::new(cfg, Arc::new(BackendState::new()))
     }
 
     /// The names `/admin/backends` has always shown for a backend's own fields.
-    const ADMIN_FIELDS: [&str; 26] = [
+    const ADMIN_FIELDS: [&str; 27] = [
         "name",
         "kind",
         "url",
@@ -153,6 +171,7 @@ mod tests {
         "last_probe_ms_ago",
         "context_lengths",
         "kv_cache",
+        "adapters",
     ];
 
     #[test]

@@ -201,6 +201,7 @@ impl<'a> Sim<'a> {
             prefix_tokens: r.prefix.map_or(0, |p| u64::from(p.1)),
             prompt: None,
             prompt_exact: false,
+            adapter: None,
         };
         let e = self
             .router
@@ -346,6 +347,7 @@ fn backend(i: usize, timing: &Timing) -> Backend {
         max_concurrent: None,
         health_path: None,
         kv_events: Default::default(),
+        max_adapters: None,
         timeouts: Timeouts::default(),
     };
     let state = Arc::new(BackendState::new());

@@ -137,6 +137,7 @@ mod tests {
             canonical: "m".into(),
             candidates: c,
             policy: None,
+            adapter: None,
         }
     }
 
@@ -149,6 +150,7 @@ mod tests {
             prefix_tokens: 0,
             prompt: None,
             prompt_exact: true,
+            adapter: None,
         };
         (max_tokens, input)
     }

@@ -31,6 +31,7 @@
 //! - No network input can panic this code; every failure is an [`ApiError`], shaped for the
 //!   client by its API.
 
+mod adapter;
 pub mod background;
 mod context;
 pub mod headers;
@@ -146,6 +147,7 @@ async fn proxy(
         tried.push(claimed.idx);
         match attempt(gw, config, p, claimed, &mut tried, deadline, record).await {
             Verdict::Retry(failure) => last_failure = Some(failure),
+            Verdict::Refuse(refused) => return Err(refused),
             Verdict::Answer(answer) => {
                 let resume = continuer(gw, config, p, &tried, answer.strip_usage, record);
                 return Ok(respond(config, &mut prepared, answer, record, resume).await);
@@ -430,9 +432,15 @@ async fn size(
     let corrected = shapes.corrected_prompt(&resolved.canonical, fields.prompt_tokens_estimate);
     let above = config.routing.tokenize_above;
     let large = above > 0 && corrected >= above;
-    let prompt = match config.tokenizer(&resolved.canonical) {
+    // an adapter's prompt is its base model's, tokenized alike and cached apart (by name)
+    let adapter = resolved.adapter.as_ref().map(|a| a.name.clone());
+    let model = resolved
+        .adapter
+        .as_ref()
+        .map_or(&resolved.canonical, |a| &a.base);
+    let prompt = match config.tokenizer(model) {
         Some(t) if large || tokens::wanted(resolved) => {
-            tokens::prompt_ids(t, api, fields, body).await
+            tokens::prompt_ids(t, api, fields, body, adapter.clone()).await
         }
         _ => None,
     };
@@ -467,6 +475,7 @@ async fn size(
         prefix_tokens,
         prompt: prompt.map(Arc::new),
         prompt_exact: exact.is_some(),
+        adapter,
     }
 }
 
@@ -531,12 +540,16 @@ fn form_boundary(headers: &HeaderMap) -> Result<String, ApiError> {
         })
 }
 
-/// How an attempt ended: what [`classify`] decided.
+/// How an attempt ended: what [`classify`] decided. (It lives for one match on the attempt's
+/// stack: boxing the answer would cost an allocation per request.)
+#[allow(clippy::large_enum_variant)]
 enum Verdict {
     /// Try another backend; the client gets this failure if none is left.
     Retry(ApiError),
     /// Answer the client from this backend.
     Answer(Answer),
+    /// What the request needs cannot be had on any backend: the client's answer.
+    Refuse(ApiError),
 }
 
 /// A backend's answer that goes to the client, with what the response phase needs of its send.
@@ -569,6 +582,14 @@ async fn attempt(
     let attempt_no = tried.len().saturating_sub(1) as u32;
     if attempt_no > 0 {
         metrics::counter!(m::FAILOVERS_TOTAL, "model" => p.resolved.canonical.clone()).increment(1);
+    }
+    if let Some(a) = &p.resolved.adapter {
+        let backend = &p.resolved.candidates[claimed.idx].0;
+        match adapter::ensure(backend, a).await {
+            Ok(()) => {}
+            Err(adapter::Missing::Elsewhere(e)) => return Verdict::Retry(e),
+            Err(adapter::Missing::Refused(e)) => return Verdict::Refuse(e),
+        }
     }
     let mut copies = vec![rescue::Copy::launch(config, p, claimed, record, true)];
     let mut last = None;
@@ -618,7 +639,12 @@ fn hedge(
     deadline: Instant,
 ) -> Option<Claimed> {
     let r = &config.routing;
-    if !r.hedge || copies > 1 || tried.len() as u32 >= r.max_attempts || Instant::now() >= deadline
+    // (a copy is not sent where an adapter would have to be loaded first)
+    if !r.hedge
+        || p.resolved.adapter.is_some()
+        || copies > 1
+        || tried.len() as u32 >= r.max_attempts
+        || Instant::now() >= deadline
     {
         return None;
     }
@@ -1161,6 +1187,8 @@ struct Claimed {
     queued: bool,
     /// Prompt tokens the backend held in its cache when it was chosen, by its KV events.
     cached: Option<u64>,
+    /// The request's use of its LoRA adapter there (so that adapter is not unloaded under it).
+    _adapter: Option<crate::fleet::adapters::AdapterUse>,
 }
 
 /// Route, then take the chosen backend's slot. Routing reads the counters without holding
@@ -1190,11 +1218,13 @@ fn pick_and_claim(
             guard
         };
         let cached = input.cached_on(backend);
+        let adapter = input.adapter.as_deref();
         return Some(Claimed {
             idx,
             guard,
             queued,
             cached,
+            _adapter: adapter.map(|a| backend.state.adapters().begin(a)),
         });
     }
     None

@@ -105,6 +105,7 @@ async fn forward(
         prefix_tokens: 0,
         prompt: None,
         prompt_exact: false,
+        adapter: None,
     };
     let mut tried = Vec::new();
     let mut last: Option<ApiError> = None;

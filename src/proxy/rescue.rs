@@ -360,6 +360,7 @@ mod tests {
             prefix_tokens: 0,
             prompt: None,
             prompt_exact: false,
+            adapter: None,
         }
     }
 

@@ -33,6 +33,7 @@ pub(super) async fn prompt_ids(
     api: &dyn ClientApi,
     fields: &RequestFields,
     body: &Bytes,
+    adapter: Option<String>,
 ) -> Option<Prompt> {
     let form = api.tokenize_form(body.get(fields.prompt_span.clone()).unwrap_or_default())?;
     let (t, body, span) = (t.clone(), body.clone(), fields.prompt_span.clone());
@@ -40,7 +41,7 @@ pub(super) async fn prompt_ids(
     match ids {
         Ok(Some(ids)) => {
             m::tokenize_request("local", "ok");
-            Some(Prompt::new(ids, None))
+            Some(Prompt::new(ids, adapter))
         }
         _ => {
             m::tokenize_request("local", "error");

@@ -24,6 +24,8 @@ pub struct RouteInput {
     /// The prompt's token ids as the engine will compute them (`None`: no tokenizer, or no
     /// engine of the model reports its cache).
     pub prompt: Option<Arc<Prompt>>,
+    /// The LoRA adapter the request names: a backend that must load it first pays for that.
+    pub adapter: Option<String>,
 }
 
 impl RouteInput {
@@ -56,19 +58,23 @@ impl RouteInput {
         score::Request {
             prompt_tokens: self.prompt_tokens.min(self.tokens),
             output_tokens: self.tokens.saturating_sub(self.prompt_tokens),
+            setup_seconds: 0.0,
         }
     }
 
     /// The request as `b` sees it: only what it has not cached is prefilled (exact from its
-    /// KV events; otherwise the whole prompt).
+    /// KV events; otherwise the whole prompt), after its adapter is loaded or swapped in.
     pub(super) fn request_on(&self, b: &Backend) -> score::Request {
         let cold = self.score_request();
-        match self.cached_on(b) {
-            Some(c) => score::Request {
-                prompt_tokens: cold.prompt_tokens - c.min(cold.prompt_tokens),
-                output_tokens: cold.output_tokens,
-            },
-            None => cold,
+        let setup_seconds = self
+            .adapter
+            .as_deref()
+            .map_or(0.0, |a| b.state.adapters().setup_seconds(a));
+        let cached = self.cached_on(b).unwrap_or(0);
+        score::Request {
+            prompt_tokens: cold.prompt_tokens - cached.min(cold.prompt_tokens),
+            output_tokens: cold.output_tokens,
+            setup_seconds,
         }
     }
 
@@ -80,6 +86,7 @@ impl RouteInput {
         score::Request {
             prompt_tokens: cold.prompt_tokens - prefix,
             output_tokens: cold.output_tokens,
+            setup_seconds: 0.0,
         }
     }
 }

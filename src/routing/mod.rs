@@ -195,6 +195,7 @@ mod tests {
                     max_concurrent: None,
                     health_path: None,
                     kv_events: Default::default(),
+                    max_adapters: None,
                     timeouts: Timeouts::default(),
                 };
                 (
@@ -212,6 +213,7 @@ mod tests {
         prefix_tokens: 0,
         prompt: None,
         prompt_exact: false,
+        adapter: None,
     };
 
     #[test]
@@ -384,6 +386,7 @@ mod tests {
             prefix_tokens: 4,
             prompt: None,
             prompt_exact: false,
+            adapter: None,
         };
         let first = r
             .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], &input(42))
@@ -459,6 +462,7 @@ mod tests {
             prefix_tokens: 1500,
             prompt: None,
             prompt_exact: false,
+            adapter: None,
         }
     }
 

@@ -65,6 +65,8 @@ fn default_slots(kind: BackendKind) -> f64 {
 pub struct Request {
     pub prompt_tokens: u64,
     pub output_tokens: u64,
+    /// Seconds before this backend can start it at all (a LoRA adapter to load or swap in).
+    pub setup_seconds: f64,
 }
 
 /// Relative distance from the candidates' common decode speed within which a backend's
@@ -231,7 +233,8 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     let wait_seconds = queued_ahead * remaining / slots;
     let pending_prefill_seconds = pending_tokens / prefill_tps;
     let prefill_seconds = req.prompt_tokens as f64 / prefill_tps;
-    let ttft_seconds = wait_seconds + pending_prefill_seconds + prefill_seconds;
+    let ttft_seconds =
+        req.setup_seconds.max(0.0) + wait_seconds + pending_prefill_seconds + prefill_seconds;
     let decode_seconds = req.output_tokens as f64 / decode_now;
 
     let mut penalty_seconds = 0.0;
@@ -339,6 +342,7 @@ pub fn admin_view(b: &Backend) -> serde_json::Value {
         Request {
             prompt_tokens: 1000,
             output_tokens: 200,
+            setup_seconds: 0.0,
         },
         Prior::of(&[b]),
     );
@@ -403,6 +407,7 @@ mod tests {
                 max_concurrent,
                 health_path: None,
                 kv_events: Default::default(),
+                max_adapters: None,
                 timeouts: Timeouts::default(),
             },
             Arc::new(BackendState::new()),
@@ -412,6 +417,7 @@ mod tests {
     const REQ: Request = Request {
         prompt_tokens: 1000,
         output_tokens: 100,
+        setup_seconds: 0.0,
     };
     const PRIOR: Prior = Prior {
         prefill_tps: 1000.0,
@@ -493,6 +499,7 @@ mod tests {
         let long = Request {
             prompt_tokens: 20_000,
             output_tokens: 100,
+            setup_seconds: 0.0,
         };
         let (f, s) = (
             breakdown(&fast, "m", long, prior),

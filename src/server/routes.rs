@@ -312,11 +312,14 @@ async fn get_model(
 }
 
 /// One model of `/v1/models`: OpenAI's shape, plus vLLM's `max_model_len` when a backend
-/// reports the model's context length.
+/// reports the model's context length, and vLLM's `parent` (the base model) for an adapter.
 fn model_json(m: &crate::fleet::snapshot::ModelEntry, created: u64) -> serde_json::Value {
     let mut v = json!({"id": m.id, "object": "model", "created": created, "owned_by": m.owned_by});
     if let Some(len) = m.context_length {
         v["max_model_len"] = json!(len);
+    }
+    if let Some(parent) = &m.parent {
+        v["parent"] = json!(parent);
     }
     v
 }

@@ -59,6 +59,13 @@ pub const HANG_SIGNALS_TOTAL: &str = "sluice_hang_signals_total";
 /// Copies of a request sent to a second backend at its hang deadline (`[routing] hedge`), by
 /// `model`.
 pub const HEDGES_TOTAL: &str = "sluice_hedges_total";
+/// LoRA adapter loads Sluice asked of an engine, by `backend` and `outcome`
+/// (loaded|refused|failed).
+pub const ADAPTER_LOADS_TOTAL: &str = "sluice_adapter_loads_total";
+/// How long those loads took, by `backend`.
+pub const ADAPTER_LOAD_SECONDS: &str = "sluice_adapter_load_seconds";
+/// LoRA adapters Sluice unloaded to make room, by `backend`.
+pub const ADAPTER_UNLOADS_TOTAL: &str = "sluice_adapter_unloads_total";
 /// Broken streams whose continuation on another backend was tried, by the `backend` whose
 /// stream broke and `outcome` (continued|failed).
 pub const STREAM_CONTINUATIONS_TOTAL: &str = "sluice_stream_continuations_total";
@@ -149,6 +156,19 @@ pub fn backend_request(backend: &str, outcome: &'static str) {
             metrics::counter!(BACKEND_REQUESTS_TOTAL, "backend" => backend.to_string(), "outcome" => outcome)
         })
         .increment(1);
+}
+
+/// Count one adapter load asked of `backend`, by `outcome`, and its time.
+pub fn adapter_load(backend: &str, outcome: &'static str, took: std::time::Duration) {
+    metrics::counter!(ADAPTER_LOADS_TOTAL, "backend" => backend.to_string(), "outcome" => outcome)
+        .increment(1);
+    metrics::histogram!(ADAPTER_LOAD_SECONDS, "backend" => backend.to_string())
+        .record(took.as_secs_f64());
+}
+
+/// Count one adapter unloaded on `backend` to make room.
+pub fn adapter_unload(backend: &str) {
+    metrics::counter!(ADAPTER_UNLOADS_TOTAL, "backend" => backend.to_string()).increment(1);
 }
 
 /// Count one exact prompt count asked of `backend`, by `outcome`.

@@ -10,9 +10,11 @@ use http::Uri;
 
 use super::{at_least, duration, secret, unique_name, Problems};
 use crate::config::env::{expand, Env};
-use crate::config::file::{BackendSection, KvEventsSetting, ModelSection, TimeoutsSection};
+use crate::config::file::{
+    AdapterSection, BackendSection, KvEventsSetting, ModelSection, TimeoutsSection,
+};
 use crate::config::runtime::{
-    BackendConfig, BackendKind, KvEvents, ModelConfig, PolicyKind, Timeouts,
+    AdapterConfig, BackendConfig, BackendKind, KvEvents, ModelConfig, PolicyKind, Timeouts,
 };
 use crate::tokenizer::Tokenizer;
 
@@ -66,6 +68,52 @@ pub(super) fn models(p: &mut Problems, list: &[ModelSection]) -> Vec<ModelConfig
         });
     }
     models
+}
+
+/// `[[adapters]]`: names unique and distinct from every model name and alias; a base (its
+/// alias resolved to the model's name) and a path.
+pub(super) fn adapters(
+    p: &mut Problems,
+    list: &[AdapterSection],
+    models: &[ModelConfig],
+) -> Vec<AdapterConfig> {
+    let mut names = HashSet::new();
+    let canonical = |n: &str| {
+        models
+            .iter()
+            .find(|m| m.name == n || m.aliases.iter().any(|a| a == n))
+            .map_or(n, |m| m.name.as_str())
+            .to_string()
+    };
+    let mut out = Vec::new();
+    for (i, a) in list.iter().enumerate() {
+        let at = format!("adapters[{i}]");
+        unique_name(p, &mut names, &at, &a.name, "adapter");
+        if canonical(&a.name) != a.name || models.iter().any(|m| m.name == a.name) {
+            p.push(
+                format!("{at}.name"),
+                format!("`{}` is a model's name", a.name),
+            );
+        }
+        if a.base.trim().is_empty() {
+            p.push(
+                format!("{at}.base"),
+                "must name the model the adapter adapts",
+            );
+        }
+        if a.path.trim().is_empty() {
+            p.push(
+                format!("{at}.path"),
+                "must name where the engines load it from",
+            );
+        }
+        out.push(AdapterConfig {
+            name: a.name.clone(),
+            base: canonical(&a.base),
+            path: a.path.clone(),
+        });
+    }
+    out
 }
 
 /// A model's `tokenizer` folder, loaded; a folder that is missing or does not load is a
@@ -144,6 +192,7 @@ fn backend(
         max_concurrent: b.max_concurrent,
         health_path: b.health_path.clone(),
         kv_events: kv_events(p, &format!("{at}.kv_events"), kind, &b.kv_events),
+        max_adapters: b.max_adapters,
         timeouts: timeouts(p, &format!("{at}.timeouts"), &b.timeouts, base),
     }
 }

@@ -40,6 +40,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
     let health = health::health(&mut p, &f.health);
     let backend_timeouts = backends::timeouts(&mut p, "timeouts", &f.timeouts, Timeouts::default());
     let models = backends::models(&mut p, &f.models);
+    let adapters = backends::adapters(&mut p, &f.adapters, &models);
     let backends = backends::backends(&mut p, &f.backends, backend_timeouts, env);
     let keys = keys::keys(&mut p, &f.keys);
     let tenants = keys::tenants(&mut p, &f.tenants);
@@ -64,6 +65,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         health,
         backends,
         models,
+        adapters,
         keys,
         redis_url,
         tenants,

@@ -147,6 +147,7 @@ fn backend() -> Arc<Backend> {
         max_concurrent: None,
         health_path: None,
         kv_events: Default::default(),
+        max_adapters: None,
         timeouts: Timeouts::default(),
     };
     Arc::new(Backend::new(cfg, Arc::new(BackendState::new())))

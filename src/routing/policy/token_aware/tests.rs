@@ -27,6 +27,7 @@ fn backends(names: &[&str]) -> Vec<Backend> {
                 max_concurrent: None,
                 health_path: None,
                 kv_events: Default::default(),
+                max_adapters: None,
                 timeouts: Timeouts::default(),
             };
             Backend::new(cfg, Arc::new(BackendState::new()))
@@ -86,6 +87,7 @@ fn input(prefix: u64, with_ids: bool) -> RouteInput {
         prompt_exact: with_ids,
         prefix_tokens: 0,
         prompt: with_ids.then(|| Arc::new(Prompt::new((0..PROMPT).collect(), None))),
+        adapter: None,
     }
 }
 
