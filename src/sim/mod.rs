@@ -163,6 +163,7 @@ pub mod fault;
 mod gen;
 pub mod kv_config;
 mod kv_publisher;
+pub mod lora;
 mod metrics;
 mod ollama;
 mod ollama_compat;
@@ -186,6 +187,7 @@ use tokio::sync::oneshot;
 pub use config::{SimArgs, SimConfig, SimKind, Timing};
 pub use fault::{Fault, FaultMode};
 pub use kv_config::KvEventsConfig;
+pub use lora::LoraSettings;
 
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]
