@@ -35,7 +35,7 @@ fn extra_key_places(batch: &EventBatch) -> EventBatch {
     for e in &mut batch.events {
         if let Event::BlockStored(s) = e {
             for key in s.extra_keys.iter_mut().flatten().flatten() {
-                *key = ExtraKey(0);
+                *key = ExtraKey::Fold(0);
             }
         }
     }

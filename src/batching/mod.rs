@@ -17,6 +17,11 @@
 //! as an event (virtual time). A stretch of steps without admissions has a constant duration,
 //! so a virtual-time owner may advance several steps at once ([`Batch::steps_to_next_finish`]).
 //!
+//! An owner that serves LoRA adapters gives each request its adapter ([`Queued::lora`], 0 for
+//! the base model) and calls [`Batch::limit_loras`]: as in vLLM's scheduler, a waiting request
+//! whose adapter would make the running batch use more than `max_loras` distinct adapters is
+//! skipped (it keeps its place, *deferred*) and the requests behind it are still considered.
+//!
 //! An owner that wants vLLM's KV-cache events calls [`Batch::listen`] and gives each request its
 //! prompt's token ids ([`Queued::tokens`]); [`Batch::take_cache_events`] then hands it the
 //! cache's changes ([`CacheEvent`]). Without a listener nothing is recorded or allocated, so the
@@ -26,6 +31,8 @@
 //! - `running ≤ max_num_seqs`, and the KV reservation never exceeds capacity, except that a
 //!   single request larger than the whole cache is admitted alone into an empty batch (so it
 //!   cannot wait forever).
+//! - With a LoRA limit, the running batch never uses more than `max_loras` distinct adapters
+//!   (the base model, adapter 0, takes no slot).
 //! - The KV reservation is the sum of the running sequences' reservations: every way out of
 //!   the batch ([`Batch::take_done`], [`Batch::retain_running`]) frees it.
 
@@ -102,6 +109,8 @@ pub struct Queued<T> {
     /// [`Batch::listen`]); empty otherwise.
     pub tokens: Vec<u32>,
     pub out_len: u32,
+    /// The LoRA adapter it runs under (vLLM's `lora_int_id`); 0 = the base model.
+    pub lora: u32,
     pub tag: T,
 }
 
@@ -116,6 +125,8 @@ pub struct Running<T> {
     pub generated: u32,
     /// Prompt tokens served from the prefix cache.
     pub cached: u32,
+    /// The LoRA adapter it runs under; 0 = the base model.
+    pub lora: u32,
     pub tag: T,
 }
 
@@ -134,6 +145,10 @@ pub struct Batch<T> {
     pub running: Vec<Running<T>>,
     kv_reserved: u64,
     prefix: PrefixCache,
+    /// Distinct adapters the running batch may use (0: no limit, LoRA off).
+    max_loras: usize,
+    /// Waiting requests the last admission round skipped for the LoRA limit.
+    deferred: usize,
 }
 
 impl<T> Batch<T> {
@@ -144,7 +159,20 @@ impl<T> Batch<T> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             kv_reserved: 0,
+            max_loras: 0,
+            deferred: 0,
         }
+    }
+
+    /// Run at most `max` distinct LoRA adapters at once (vLLM's `--max-loras`; 0 = no limit).
+    pub fn limit_loras(&mut self, max: usize) {
+        self.max_loras = max;
+    }
+
+    /// Waiting requests the last admission round deferred because their adapter had no slot
+    /// (vLLM's `num_requests_waiting_by_reason{reason="deferred"}`).
+    pub fn deferred(&self) -> usize {
+        self.deferred
     }
 
     pub fn timing(&self) -> &Timing {
@@ -183,14 +211,22 @@ impl<T> Batch<T> {
     }
 
     /// Admit waiting requests in order while the batch and the KV cache have room; calls
-    /// `admitted` with each new sequence. Returns the uncached prompt tokens to prefill.
+    /// `admitted` with each new sequence. A request whose adapter has no slot is skipped and
+    /// keeps its place (vLLM defers it); one whose reservation does not fit stops the round.
+    /// Returns the uncached prompt tokens to prefill.
     pub fn admit(&mut self, mut admitted: impl FnMut(&Running<T>)) -> u32 {
         let mut prefill = 0u32;
         let cap = self.timing.kv_capacity_tokens;
+        let mut loras = self.running_loras();
+        let mut skipped = Vec::new();
         while self.running.len() < self.timing.max_num_seqs {
             let Some(front) = self.waiting.front() else {
                 break;
             };
+            if !self.lora_fits(front.lora, &loras) {
+                skipped.extend(self.waiting.pop_front());
+                continue;
+            }
             let need = u64::from(front.prompt_len) + u64::from(front.out_len);
             if self.kv_reserved + need > cap && !self.running.is_empty() {
                 break;
@@ -198,22 +234,57 @@ impl<T> Batch<T> {
             let Some(q) = self.waiting.pop_front() else {
                 break;
             };
-            let hit = self.lookup(&q);
-            prefill = prefill.saturating_add(q.prompt_len - hit);
-            self.kv_reserved += need;
-            self.running.push(Running {
-                prompt_len: q.prompt_len,
-                out_len: q.out_len,
-                reserved: need,
-                generated: 0,
-                cached: hit,
-                tag: q.tag,
-            });
+            if q.lora != 0 && !loras.contains(&q.lora) {
+                loras.push(q.lora);
+            }
+            prefill = prefill.saturating_add(self.start(q, need));
             if let Some(seq) = self.running.last() {
                 admitted(seq);
             }
         }
+        self.deferred = skipped.len();
+        // the skipped ones go back in front, in their order, as vLLM puts them back
+        for q in skipped.into_iter().rev() {
+            self.waiting.push_front(q);
+        }
         prefill
+    }
+
+    /// Move `q` (reserving `need` KV tokens) into the running batch; returns its uncached
+    /// prompt tokens.
+    fn start(&mut self, q: Queued<T>, need: u64) -> u32 {
+        let hit = self.lookup(&q);
+        self.kv_reserved += need;
+        self.running.push(Running {
+            prompt_len: q.prompt_len,
+            out_len: q.out_len,
+            reserved: need,
+            generated: 0,
+            cached: hit,
+            lora: q.lora,
+            tag: q.tag,
+        });
+        q.prompt_len - hit
+    }
+
+    /// The distinct adapters of the running batch.
+    fn running_loras(&self) -> Vec<u32> {
+        let mut loras = Vec::new();
+        if self.max_loras == 0 {
+            return loras;
+        }
+        for s in &self.running {
+            if s.lora != 0 && !loras.contains(&s.lora) {
+                loras.push(s.lora);
+            }
+        }
+        loras
+    }
+
+    /// Whether a request under `lora` may join a batch running the adapters `loras`: the base
+    /// model always may, an adapter already running may, another one needs a free slot.
+    fn lora_fits(&self, lora: u32, loras: &[u32]) -> bool {
+        self.max_loras == 0 || lora == 0 || loras.contains(&lora) || loras.len() < self.max_loras
     }
 
     /// Look `q`'s prompt up in the prefix cache and cache its blocks; returns the prompt
@@ -229,7 +300,7 @@ impl<T> Batch<T> {
         }
         // stored before the insertion evicts anything more (only a prompt larger than the
         // cache does), so a listener never sees a block removed before it was stored
-        (self.prefix).note_stored(&q.blocks, hit as usize, &q.tokens);
+        (self.prefix).note_stored(&q.blocks, hit as usize, &q.tokens, q.lora);
         self.prefix.insert_run(&q.blocks, q.unique_blocks);
         hit * block
     }

@@ -36,6 +36,8 @@ pub enum CacheEvent {
         parent: Option<u64>,
         hashes: Vec<u64>,
         tokens: Vec<u32>,
+        /// The LoRA adapter the blocks were computed under (0: the base model).
+        lora: u32,
     },
     /// A block was evicted.
     Removed(u64),
@@ -145,9 +147,9 @@ impl PrefixCache {
             .count() as u32
     }
 
-    /// For a listener: blocks `from..` of the prompt `hashes` (tokens `ids`) are being stored.
-    /// Costs nothing when nobody listens.
-    pub fn note_stored(&mut self, hashes: &[u64], from: usize, ids: &[u32]) {
+    /// For a listener: blocks `from..` of the prompt `hashes` (tokens `ids`, computed under
+    /// the adapter `lora`, 0 for none) are being stored. Costs nothing when nobody listens.
+    pub fn note_stored(&mut self, hashes: &[u64], from: usize, ids: &[u32], lora: u32) {
         let Some(log) = self.log.as_mut() else {
             return;
         };
@@ -160,6 +162,7 @@ impl PrefixCache {
             parent: from.checked_sub(1).map(|i| hashes[i]),
             hashes: hashes[from..].to_vec(),
             tokens: tokens.to_vec(),
+            lora,
         });
     }
 

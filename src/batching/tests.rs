@@ -21,6 +21,7 @@ fn queued(id: u32, prompt: Vec<u32>, out_len: u32) -> Queued<u32> {
         unique_blocks: 0,
         tokens: Vec::new(),
         out_len,
+        lora: 0,
         tag: id,
     }
 }
@@ -134,7 +135,8 @@ fn a_listener_hears_each_block_stored_once_with_its_parent_and_tokens() {
         [CacheEvent::Stored {
             parent: None,
             hashes: h.clone(),
-            tokens: first[..12].to_vec()
+            tokens: first[..12].to_vec(),
+            lora: 0,
         }]
     );
     // the shared prefix is found; only the new block is announced, hanging off it
@@ -147,7 +149,8 @@ fn a_listener_hears_each_block_stored_once_with_its_parent_and_tokens() {
         [CacheEvent::Stored {
             parent: Some(h[1]),
             hashes: vec![h2[2]],
-            tokens: second[8..12].to_vec()
+            tokens: second[8..12].to_vec(),
+            lora: 0,
         }]
     );
     // cached to its last token: the last block is computed and stored again, as vLLM does
@@ -245,4 +248,51 @@ fn without_a_listener_nothing_is_recorded() {
     run(&mut b, listened(0, prompt(1, 2)));
     b.reset_prefix_cache(false);
     assert!(b.take_cache_events().is_empty());
+}
+
+/// A queued request under the adapter `lora`.
+fn adapted(id: u32, lora: u32) -> Queued<u32> {
+    Queued {
+        lora,
+        ..queued(id, vec![id; 8], 4)
+    }
+}
+
+#[test]
+fn a_request_whose_adapter_has_no_slot_is_deferred_and_others_pass_it() {
+    let mut b = Batch::new(timing(8, 1000));
+    b.limit_loras(1);
+    b.waiting.push_back(adapted(0, 1));
+    b.waiting.push_back(adapted(1, 2));
+    b.waiting.push_back(adapted(2, 0));
+    b.waiting.push_back(adapted(3, 1));
+    b.admit(|_| {});
+    let running: Vec<u32> = b.running.iter().map(|s| s.tag).collect();
+    assert_eq!(
+        running,
+        [0, 2, 3],
+        "adapter 2 waits; the base model and adapter 1 pass it"
+    );
+    assert_eq!(b.deferred(), 1);
+    assert_eq!(b.waiting.front().map(|q| q.tag), Some(1));
+    // still no slot while adapter 1 runs
+    b.admit(|_| {});
+    assert_eq!(b.deferred(), 1);
+    // adapter 1's requests finish: adapter 2 gets the slot
+    b.advance(4);
+    b.take_done(|_| {});
+    b.admit(|_| {});
+    assert_eq!(b.running.iter().map(|s| s.lora).collect::<Vec<_>>(), [2]);
+    assert_eq!(b.deferred(), 0);
+}
+
+#[test]
+fn without_a_lora_limit_adapters_do_not_wait() {
+    let mut b = Batch::new(timing(8, 1000));
+    for (i, lora) in [1, 2, 3].into_iter().enumerate() {
+        b.waiting.push_back(adapted(i as u32, lora));
+    }
+    b.admit(|_| {});
+    assert_eq!(b.running.len(), 3);
+    assert_eq!(b.deferred(), 0);
 }

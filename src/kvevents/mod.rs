@@ -82,11 +82,18 @@ pub struct BlockStored {
     pub kv_cache_spec_kind: Option<String>,
 }
 
-/// One block's extra hash inputs, folded to 64 bits (FNV-1a over their msgpack values) as
-/// [`EngineHash`] folds bytes: a subscriber only compares them. Encoded again, a fold is an
-/// integer, not the engine's original tuple (the simulator sends none).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ExtraKey(pub u64);
+/// One block's extra hash inputs. Read from the wire, any value is folded to 64 bits (FNV-1a
+/// over its msgpack value) as [`EngineHash`] folds bytes: a subscriber only compares them, and
+/// a fold is written back as an integer, not the engine's original value. A publisher names
+/// the values it means: [`ExtraKey::Names`] is written as vLLM writes a LoRA block's key, an
+/// array of strings (`["adapter"]`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ExtraKey {
+    /// A value read from the wire, folded.
+    Fold(u64),
+    /// Strings to publish (a LoRA adapter's name), written as an array.
+    Names(Vec<String>),
+}
 
 /// Blocks the engine evicted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -215,7 +222,10 @@ impl<'de> serde::de::Visitor<'de> for HashVisitor {
 
 impl Serialize for ExtraKey {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(self.0)
+        match self {
+            ExtraKey::Fold(v) => s.serialize_u64(*v),
+            ExtraKey::Names(names) => names.serialize(s),
+        }
     }
 }
 
@@ -223,7 +233,7 @@ impl<'de> Deserialize<'de> for ExtraKey {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let mut h = Fnv::new();
         d.deserialize_any(FoldVisitor(&mut h))?;
-        Ok(ExtraKey(h.0))
+        Ok(ExtraKey::Fold(h.0))
     }
 }
 

@@ -217,6 +217,7 @@ impl<'a> Sim<'a> {
             unique_blocks,
             tokens: Vec::new(),
             out_len: r.output_tokens,
+            lora: 0,
             tag: i,
         };
         let eng = &mut self.engines[e];

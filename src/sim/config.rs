@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use super::fault::{Fault, FaultMode};
 use super::kv_config::KvEventsConfig;
+use super::lora::LoraSettings;
 use super::SimError;
 use crate::tokenizer::Tokenizer;
 
@@ -119,6 +120,11 @@ pub struct SimConfig {
     /// are tokenized exactly as vLLM does, for usage, the prefix cache and `/tokenize`. `None`
     /// = the simulator's own tokenizer.
     pub tokenizer: Option<Arc<Tokenizer>>,
+    /// vLLM's LoRA adapters (`--enable-lora` and its companions; off by default, as in vLLM).
+    pub lora: LoraSettings,
+    /// TGI `--lora-adapters`: the adapter ids requests may name (`adapter_id`, or `model` on
+    /// its OpenAI routes), fixed at start.
+    pub tgi_lora_adapters: Vec<String>,
 }
 
 impl SimConfig {
@@ -169,6 +175,8 @@ impl SimConfig {
             fault: Fault::healthy(),
             threads: 0,
             tokenizer: None,
+            lora: LoraSettings::default(),
+            tgi_lora_adapters: Vec::new(),
         }
     }
 
@@ -285,6 +293,17 @@ impl SimConfig {
         self
     }
 
+    /// vLLM's LoRA settings (`--enable-lora`, …; see [`LoraSettings`]).
+    pub fn lora(mut self, settings: LoraSettings) -> Self {
+        self.lora = settings;
+        self
+    }
+    /// TGI `--lora-adapters`: the adapter ids requests may name.
+    pub fn tgi_lora_adapters(mut self, ids: Vec<String>) -> Self {
+        self.tgi_lora_adapters = ids;
+        self
+    }
+
     /// The address `sluice sim` binds.
     pub fn bind_addr(&self) -> SocketAddr {
         SocketAddr::new(self.host, self.port)
@@ -337,6 +356,7 @@ impl SimConfig {
             }
         }
         self.fault.validate().map_err(SimError::Config)?;
+        self.validate_lora()?;
         if self.kv_events.as_ref().is_some_and(KvEventsConfig::enabled) {
             if self.kind != SimKind::Vllm {
                 return Err(SimError::Config(
@@ -350,6 +370,23 @@ impl SimConfig {
             }
         }
         Ok(self)
+    }
+}
+
+impl SimConfig {
+    /// The LoRA flags belong to their engine and hold vLLM's own checks.
+    fn validate_lora(&self) -> Result<(), SimError> {
+        if self.lora != LoraSettings::default() && self.kind != SimKind::Vllm {
+            return Err(SimError::Config(
+                "--enable-lora and its companions are vLLM flags (--kind vllm)".into(),
+            ));
+        }
+        if !self.tgi_lora_adapters.is_empty() && self.kind != SimKind::Tgi {
+            return Err(SimError::Config(
+                "--lora-adapters is a TGI flag (--kind tgi)".into(),
+            ));
+        }
+        self.lora.validate().map_err(SimError::Config)
     }
 }
 
@@ -490,6 +527,40 @@ pub struct SimArgs {
     /// /tokenize). Without it the simulator's own tokenizer counts.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
+    /// vLLM: serve LoRA adapters (loaded ones are models: /v1/models lists them, requests name
+    /// them in `model`).
+    #[arg(long)]
+    pub enable_lora: bool,
+    /// vLLM: adapters a batch may run at once (GPU slots); a request for another one waits
+    /// (default 1, as in vLLM).
+    #[arg(long)]
+    pub max_loras: Option<usize>,
+    /// vLLM: the largest adapter rank; accepted for compatibility, no effect.
+    #[arg(long)]
+    pub max_lora_rank: Option<u32>,
+    /// vLLM: adapters kept in CPU memory; must be at least --max-loras, as vLLM checks.
+    #[arg(long)]
+    pub max_cpu_loras: Option<usize>,
+    /// vLLM: adapters loaded at start, `name=path` (several values or several flags). A path
+    /// must exist on this machine.
+    #[arg(long, num_args = 1.., value_parser = parse_lora_module)]
+    pub lora_modules: Vec<(String, String)>,
+    /// vLLM: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter, like
+    /// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True.
+    #[arg(long)]
+    pub allow_runtime_lora_updating: bool,
+    /// vLLM: milliseconds swapping an adapter into a GPU slot adds to the engine step that
+    /// needs it (timing model; default 25).
+    #[arg(long)]
+    pub lora_load_ms: Option<u64>,
+    /// TGI: LoRA adapter ids requests may name (comma-separated; `name=path` names a local
+    /// one), fixed at start.
+    #[arg(long, value_delimiter = ',')]
+    pub lora_adapters: Vec<String>,
+}
+
+fn parse_lora_module(s: &str) -> Result<(String, String), String> {
+    super::lora::parse_module(s)
 }
 
 /// `slot` takes `v` when it is given.
@@ -511,9 +582,43 @@ fn parse_kv_events(s: &str) -> Result<KvEventsConfig, String> {
     KvEventsConfig::from_json(s).map_err(|e| e.to_string())
 }
 
+/// The id a TGI `--lora-adapters` entry is requested by: `name=path` is `name`, `id@revision`
+/// is `id`.
+fn tgi_adapter_id(entry: &str) -> String {
+    let entry = entry.trim();
+    let id = match entry.split_once('=') {
+        Some((name, _)) => name,
+        None => entry.split('@').next().unwrap_or(entry),
+    };
+    id.to_string()
+}
+
 impl SimArgs {
+    /// The LoRA flags as [`LoraSettings`].
+    fn lora_settings(&self) -> LoraSettings {
+        let mut l = LoraSettings {
+            enabled: self.enable_lora,
+            max_cpu_loras: self.max_cpu_loras,
+            modules: self.lora_modules.clone(),
+            runtime_updating: self.allow_runtime_lora_updating,
+            ..LoraSettings::default()
+        };
+        set(&mut l.max_loras, self.max_loras);
+        set(
+            &mut l.load_time,
+            self.lora_load_ms.map(Duration::from_millis),
+        );
+        l
+    }
+
     /// Validate the arguments into a [`SimConfig`].
     pub fn into_config(self) -> Result<SimConfig, SimError> {
+        let lora = self.lora_settings();
+        let tgi_lora_adapters = self
+            .lora_adapters
+            .iter()
+            .map(|a| tgi_adapter_id(a))
+            .collect();
         let mut c = SimConfig::new(self.kind, self.models)
             .host(self.host)
             .port(self.port)
@@ -552,6 +657,8 @@ impl SimArgs {
         c.kv_events = self.kv_events_config;
         c.server_dev_mode = self.server_dev_mode;
         c.threads = self.threads;
+        c.lora = lora;
+        c.tgi_lora_adapters = tgi_lora_adapters;
         if let Some(dir) = &self.tokenizer {
             let t =
                 Tokenizer::load(dir).map_err(|e| SimError::Config(format!("--tokenizer: {e}")))?;

@@ -25,7 +25,14 @@
 //!   when the step ends (no batch for a step without changes), as vLLM publishes them after
 //!   each scheduler step; a reset's `AllBlocksCleared` therefore waits for the next step, as
 //!   in vLLM.
+//! - With LoRA on ([`LoraRun`]), admission runs at most `max_loras` distinct adapters at once
+//!   (the rest wait, deferred: see [`crate::batching`]); a step whose batch needs an adapter
+//!   that is not in a GPU slot ([`Slots`]) lasts `load_time` longer per adapter swapped in.
+//!   Each step's end writes `vllm:lora_requests_info` ([`LoraInfo`]). A request's blocks are
+//!   keyed by its adapter, so the base model's prefix is never a hit for an adapter's
+//!   request, and its stored blocks are announced under the adapter's name and id.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +43,7 @@ use tokio::task::JoinHandle;
 use super::config::Timing;
 use super::fault::FaultState;
 use super::kv_publisher::{wire_batch, BatchSender};
+use super::lora::{ActiveAdapters, Adapter, LoraInfo, Slots};
 use super::metrics::{FinishObs, ModelStats, StepObs};
 use crate::batching::{block_hashes, Batch, Queued, Running};
 
@@ -71,6 +79,26 @@ struct Tag {
     first_token: Option<Instant>,
     /// The request's effective `max_tokens`.
     max_tokens: u32,
+    /// The LoRA adapter it runs under (none: the base model).
+    adapter: Option<Arc<Adapter>>,
+}
+
+/// How the engine runs LoRA adapters (vLLM's `--enable-lora`).
+pub(crate) struct LoraRun {
+    /// `--max-loras`: adapters a batch may run at once, the GPU slots.
+    pub max_loras: usize,
+    /// What one adapter swapped into a slot adds to its step, at speed 1.
+    pub load_time: Duration,
+    /// Where each step's active adapters are written.
+    pub info: Arc<LoraInfo>,
+}
+
+/// The scheduler's LoRA state.
+struct LoraState {
+    slots: Slots,
+    load_time: Duration,
+    info: Arc<LoraInfo>,
+    active: ActiveAdapters,
 }
 
 /// What a handler asks of the scheduler.
@@ -101,13 +129,15 @@ impl Drop for Engine {
 }
 
 impl Engine {
-    /// Start the scheduler; with `kv`, the prefix cache's changes are published there.
+    /// Start the scheduler; with `kv`, the prefix cache's changes are published there; with
+    /// `lora`, adapters take GPU slots.
     pub(crate) fn start(
         timing: Timing,
         speed: f64,
         fault: Arc<FaultState>,
         stats: Arc<ModelStats>,
         kv: Option<BatchSender>,
+        lora: Option<LoraRun>,
     ) -> Engine {
         let (tx, rx) = mpsc::unbounded_channel();
         let block = timing.block_size.max(1);
@@ -115,6 +145,15 @@ impl Engine {
         if kv.is_some() {
             batch.listen();
         }
+        let lora = lora.map(|l| {
+            batch.limit_loras(l.max_loras);
+            LoraState {
+                slots: Slots::new(l.max_loras),
+                load_time: l.load_time,
+                info: l.info,
+                active: ActiveAdapters::default(),
+            }
+        });
         let listening = kv.is_some();
         let sched = Scheduler {
             batch,
@@ -126,6 +165,8 @@ impl Engine {
             step_start: Instant::now(),
             prev_step_end: Instant::now(),
             prefill_share: 0.0,
+            lora,
+            adapters: HashMap::new(),
         };
         let task = tokio::spawn(sched.run(rx));
         Engine {
@@ -137,18 +178,22 @@ impl Engine {
         }
     }
 
-    /// Queue a request of `out_len` tokens whose effective `max_tokens` is `max_tokens`;
-    /// `None` if the scheduler is gone.
+    /// Queue a request of `out_len` tokens whose effective `max_tokens` is `max_tokens`, under
+    /// `adapter` (none: the base model); `None` if the scheduler is gone.
     pub(crate) fn submit(
         &self,
         prompt_ids: Vec<u32>,
         out_len: u32,
         max_tokens: u32,
+        adapter: Option<Arc<Adapter>>,
     ) -> Option<mpsc::Receiver<Progress>> {
         let (events, rx) = mpsc::channel(32);
         self.stats.waiting.fetch_add(1, Relaxed);
         let now = Instant::now();
-        let blocks = block_hashes(&prompt_ids, self.block);
+        let mut blocks = block_hashes(&prompt_ids, self.block);
+        if let Some(a) = &adapter {
+            a.key_blocks(&mut blocks);
+        }
         let q = Queued {
             prompt_len: prompt_ids.len() as u32,
             blocks,
@@ -159,12 +204,14 @@ impl Engine {
                 Vec::new()
             },
             out_len,
+            lora: adapter.as_ref().map_or(0, |a| a.id()),
             tag: Tag {
                 events,
                 enqueued: now,
                 admitted: now,
                 first_token: None,
                 max_tokens,
+                adapter,
             },
         };
         if self.tx.send(Msg::Submit(q)).is_err() {
@@ -202,6 +249,11 @@ struct Scheduler {
     prev_step_end: Instant,
     /// The share of the current step that prefills the requests admitted in it.
     prefill_share: f64,
+    /// LoRA slots and bookkeeping (none: LoRA off).
+    lora: Option<LoraState>,
+    /// Every adapter a request was submitted under, by id: the names its stored blocks are
+    /// announced with (ids are never reused, so this holds at most one entry per load).
+    adapters: HashMap<u32, Arc<Adapter>>,
 }
 
 impl Scheduler {
@@ -221,6 +273,7 @@ impl Scheduler {
             self.retry_finishing();
             self.drop_cancelled_waiting();
             let prefill_tokens = self.admit();
+            let loading = self.load_adapters();
             self.publish();
             if self.batch.running.is_empty() {
                 if !self.finishing.is_empty() {
@@ -229,7 +282,10 @@ impl Scheduler {
                 }
                 continue;
             }
-            let step = self.batch.step_duration(prefill_tokens);
+            let step = self
+                .batch
+                .step_duration(prefill_tokens)
+                .saturating_add(loading);
             let factor = self.fault.slow_factor() / self.speed;
             let step = step.mul_f64(factor.clamp(0.0, 1.0e6));
             let now = tokio::time::Instant::now();
@@ -244,7 +300,12 @@ impl Scheduler {
 
     fn handle(&mut self, m: Msg) {
         match m {
-            Msg::Submit(q) => self.batch.waiting.push_back(q),
+            Msg::Submit(q) => {
+                if let Some(a) = &q.tag.adapter {
+                    self.adapters.entry(a.id()).or_insert_with(|| a.clone());
+                }
+                self.batch.waiting.push_back(q)
+            }
             Msg::ResetPrefixCache { force, reply } => {
                 let _ = reply.send(self.batch.reset_prefix_cache(force));
             }
@@ -261,10 +322,12 @@ impl Scheduler {
         if events.is_empty() {
             return;
         }
+        let adapters = &self.adapters;
         let batch = wire_batch(
             events,
             self.batch.timing().block_size,
             super::unix_now_f64(),
+            |id| adapters.get(&id).map(|a| a.name()),
         );
         if kv.send(batch).await.is_err() {
             tracing::debug!("KV-event publisher gone");
@@ -305,6 +368,38 @@ impl Scheduler {
         prefill
     }
 
+    /// Swap the adapters the batch needs into the GPU slots (the ones already running first,
+    /// so the one evicted is never in use); returns what the swaps add to the step.
+    fn load_adapters(&mut self) -> Duration {
+        let Some(lora) = self.lora.as_mut() else {
+            return Duration::ZERO;
+        };
+        let swapped = self
+            .batch
+            .running
+            .iter()
+            .filter(|s| lora.slots.bring(s.lora))
+            .count();
+        lora.load_time.saturating_mul(swapped as u32)
+    }
+
+    /// After a step: the adapters whose requests have produced output, written to
+    /// `vllm:lora_requests_info` as vLLM's frontend writes them after each step.
+    fn record_adapters(&mut self) {
+        let Some(lora) = self.lora.as_mut() else {
+            return;
+        };
+        let producing = self
+            .batch
+            .running
+            .iter()
+            .filter(|s| s.generated > 0 && !s.done())
+            .filter_map(|s| s.tag.adapter.as_ref());
+        lora.active.update(producing);
+        lora.info
+            .record(&lora.active.label(), super::unix_now_f64());
+    }
+
     /// The step ended: every running sequence has one more token.
     fn step_done(&mut self) {
         let now = Instant::now();
@@ -335,6 +430,7 @@ impl Scheduler {
         }
         self.stats.step(&obs);
         self.prev_step_end = now;
+        self.record_adapters();
         self.finish(now);
     }
 
@@ -368,6 +464,7 @@ impl Scheduler {
         let running = &self.batch.running;
         s.running.store(running.len() as u64, Relaxed);
         (s.waiting_scheduled).store(self.batch.waiting.len() as u64, Relaxed);
+        (s.waiting_deferred).store(self.batch.deferred() as u64, Relaxed);
         let used: u64 = running
             .iter()
             .map(|q| u64::from(q.prompt_len) + u64::from(q.generated))

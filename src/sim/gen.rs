@@ -80,6 +80,7 @@ impl Gen {
                     plan.prompt_ids.clone(),
                     plan.completion_tokens(),
                     effective_max_tokens(sim, &plan),
+                    plan.adapter.clone(),
                 )
             }
             None => None,

@@ -36,7 +36,8 @@ use super::kv_config::{place, KvEventsConfig, Place};
 use super::SimError;
 use crate::batching::CacheEvent;
 use crate::kvevents::{
-    encode, seq_frame, BlockRemoved, BlockStored, EngineHash, Event, EventBatch, REPLAY_END,
+    encode, seq_frame, BlockRemoved, BlockStored, EngineHash, Event, EventBatch, ExtraKey,
+    REPLAY_END,
 };
 
 /// How long one replay answer message may wait for a slow requester.
@@ -123,9 +124,16 @@ impl KvPublisher {
 }
 
 /// The prefix cache's changes of one engine step as vLLM publishes them: block size
-/// `block_size`, GPU medium (vLLM's CPU build says GPU too), group 0 of full attention, no
-/// LoRA and no extra hash keys, data-parallel rank 0.
-pub(crate) fn wire_batch(events: Vec<CacheEvent>, block_size: u32, ts: f64) -> EventBatch {
+/// `block_size`, GPU medium (vLLM's CPU build says GPU too), group 0 of full attention,
+/// data-parallel rank 0. Blocks computed under a LoRA adapter carry its id (`lora_id`), its
+/// name (`lora_name`, from `name_of`) and, per block, the name as their extra key (`["name"]`,
+/// as vLLM publishes the LoRA part of a block's hash); the base model's blocks carry none.
+pub(crate) fn wire_batch<'a>(
+    events: Vec<CacheEvent>,
+    block_size: u32,
+    ts: f64,
+    name_of: impl Fn(u32) -> Option<&'a str>,
+) -> EventBatch {
     let gpu = || Some("GPU".to_string());
     let events = events
         .into_iter()
@@ -134,18 +142,23 @@ pub(crate) fn wire_batch(events: Vec<CacheEvent>, block_size: u32, ts: f64) -> E
                 parent,
                 hashes,
                 tokens,
-            } => Event::BlockStored(BlockStored {
-                extra_keys: Some(vec![None; hashes.len()]),
-                block_hashes: hashes.into_iter().map(EngineHash).collect(),
-                parent_block_hash: parent.map(EngineHash),
-                token_ids: tokens,
-                block_size,
-                lora_id: None,
-                medium: gpu(),
-                lora_name: None,
-                group_idx: Some(0),
-                kv_cache_spec_kind: Some("full_attention".into()),
-            }),
+                lora,
+            } => {
+                let name = (lora != 0).then(|| name_of(lora)).flatten();
+                let key = name.map(|n| ExtraKey::Names(vec![n.to_string()]));
+                Event::BlockStored(BlockStored {
+                    extra_keys: Some(vec![key; hashes.len()]),
+                    block_hashes: hashes.into_iter().map(EngineHash).collect(),
+                    parent_block_hash: parent.map(EngineHash),
+                    token_ids: tokens,
+                    block_size,
+                    lora_id: name.map(|_| i64::from(lora)),
+                    medium: gpu(),
+                    lora_name: name.map(str::to_string),
+                    group_idx: Some(0),
+                    kv_cache_spec_kind: Some("full_attention".into()),
+                })
+            }
             CacheEvent::Removed(h) => Event::BlockRemoved(BlockRemoved {
                 block_hashes: vec![EngineHash(h)],
                 medium: gpu(),
@@ -367,11 +380,13 @@ mod tests {
                     parent: Some(1),
                     hashes: vec![2, 3],
                     tokens: vec![7; 8],
+                    lora: 0,
                 },
                 CacheEvent::Cleared,
             ],
             4,
             1.5,
+            |_| None,
         );
         assert_eq!(b.data_parallel_rank, Some(0));
         let Event::BlockStored(s) = &b.events[1] else {
@@ -382,5 +397,41 @@ mod tests {
         assert_eq!(s.extra_keys, Some(vec![None, None]));
         assert_eq!(s.medium.as_deref(), Some("GPU"));
         assert!(matches!(b.events[2], Event::AllBlocksCleared {}));
+    }
+
+    #[test]
+    fn an_adapters_blocks_carry_its_name_id_and_extra_key_as_vllm_writes_them() {
+        let stored = CacheEvent::Stored {
+            parent: None,
+            hashes: vec![2, 3],
+            tokens: vec![7; 8],
+            lora: 4,
+        };
+        let b = wire_batch(vec![stored], 4, 1.5, |id| (id == 4).then_some("a0"));
+        // on the wire: "extra_keys": [["a0"], ["a0"]], as a real vLLM 0.32 sends them
+        let v: rmpv::Value = rmpv::decode::read_value(&mut &encode(&b)[..]).unwrap();
+        let event = &v[1][0];
+        let field = |k: &str| {
+            event
+                .as_map()
+                .and_then(|m| m.iter().find(|(key, _)| key.as_str() == Some(k)))
+                .map(|(_, v)| v.clone())
+        };
+        let a0 = rmpv::Value::Array(vec!["a0".into()]);
+        assert_eq!(
+            field("extra_keys"),
+            Some(rmpv::Value::Array(vec![a0.clone(), a0]))
+        );
+        assert_eq!(field("lora_name"), Some("a0".into()));
+        assert_eq!(field("lora_id"), Some(4.into()));
+        // and it reads back like a real engine's key
+        let Event::BlockStored(s) = &crate::kvevents::decode(&encode(&b)).unwrap().events[0] else {
+            panic!("{b:?}");
+        };
+        assert_eq!(s.lora_name.as_deref(), Some("a0"));
+        assert!(matches!(
+            s.extra_keys.as_deref(),
+            Some([Some(ExtraKey::Fold(_)), Some(_)])
+        ));
     }
 }

@@ -11,6 +11,8 @@
 //! - `text`: deterministic text and the documented simple tokenizer.
 //! - [`fault`]: run-time faults and their shared state.
 //! - [`kv_config`]: vLLM's `--kv-events-config` (defaults, bind or connect, `/kv_event_sources`).
+//! - [`lora`]: vLLM's LoRA settings, its registry of loaded adapters, the GPU slots and
+//!   `vllm:lora_requests_info`.
 //! - `kv_publisher`: the KV-cache event publisher (PUB socket, sequence numbers, replay).
 //! - `openai_surface`: the OpenAI-compatible bodies with per-engine quirks.
 //! - `vllm`, `tgi`, `ollama`: the personalities.
@@ -102,8 +104,33 @@
 //!   (the stored conversation and its output become the prompt's prefix) and `background`
 //!   (answered at once as `queued`, `in_progress` once the engine produces its first token).
 //!   Without it, `background` gets vLLM's 400 and `store` is silently ignored.
+//!   LoRA adapters (`--enable-lora`, `lora`): `--max-loras N` (default 1) GPU slots,
+//!   `--max-cpu-loras M` (checked: at least N), `--max-lora-rank` (accepted, no effect),
+//!   `--lora-modules name=path …` loaded at start, `--allow-runtime-lora-updating` (vLLM's
+//!   `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) for `POST /v1/load_lora_adapter`
+//!   `{"lora_name","lora_path","load_inplace"?}` and `POST /v1/unload_lora_adapter`
+//!   `{"lora_name"}` (vLLM 0.32's plain-text successes and its errors; without the flag the
+//!   paths are 404 `Not Found`), and `--lora-load-ms` (default 25), what swapping an adapter
+//!   into a slot adds to the step that needs it. *Bad path rule*: a `lora_path` is an adapter
+//!   when it exists on the simulator's machine (file or folder); anything else is vLLM's 404
+//!   `Loading lora X failed: No adapter found for P` (and a bad `--lora-modules` path fails the
+//!   start). Loaded adapters are models: `/v1/models` lists them after the base model with
+//!   `parent` = the first served name, `root` = the path, `max_model_len` null; chat and
+//!   completions naming one are answered under its name (other routes accept the name and
+//!   answer with the base model); an unloaded one is the unknown-model 404. The engine runs at
+//!   most N distinct adapters at once: a request for another waits, deferred
+//!   (`vllm:num_requests_waiting_by_reason{reason="deferred"}`), while base-model and running
+//!   adapters' requests pass it. `vllm:lora_requests_info{max_lora,running_lora_adapters,
+//!   waiting_lora_adapters}` keeps one series per state with the time it was last seen; as in
+//!   vLLM 0.32 both labels name the adapters whose requests have produced output, so a waiting
+//!   adapter appears once it runs. An adapter's prompt blocks are keyed by it (never a hit for
+//!   the base model or another adapter) and published with `lora_name`, `lora_id` and
+//!   `extra_keys` `[name]` per block.
 //! - TGI: one model (`model_id` = the first name); the Messages API echoes whatever `model` the
-//!   client sent.
+//!   client sent. `--lora-adapters a,b` (fixed at start; `name=path` is named `name`): a request
+//!   names one in `parameters.adapter_id` or, on the OpenAI routes, in `model` (`tgi` = the
+//!   base model); an id TGI was not started with is answered by the base model, as TGI's shards
+//!   fall back to it. `/info` lists no adapters (TGI's has no such field).
 //! - Ollama: real separate models (`name:tag`, `:latest` by default), each with its own
 //!   scheduler, parallel slots, pending queue and residency.
 //!
@@ -134,7 +161,7 @@
 //!   leaves running requests running.
 //! - Only prompt blocks are cached: vLLM also caches (and announces with `BlockStored`) a
 //!   block that fills up during decoding, whose tokens include generated ones; the simulator
-//!   does not. KV events carry no LoRA, multimodal or cache-salt keys; `hwm` is reported but
+//!   does not. KV events carry no multimodal or cache-salt keys; `hwm` is reported but
 //!   the PUB socket's per-subscriber queue is fixed at 100 000 messages (vLLM's default);
 //!   only `tcp://` endpoints, one data-parallel rank.
 //! - `n > 1`, `stop` sequences, logprobs, tools and response formats are accepted and ignored,
@@ -142,6 +169,11 @@
 //!   (`required` or a named function; `tgi_tools`);
 //!   the last generated token carries the finish reason (no separate EOS token, so TGI's
 //!   `finish_reason` is `length` or `eos_token`, never `stop_sequence`).
+//! - LoRA: the load cost is one figure per swap into a GPU slot (vLLM's CPU cache of
+//!   `--max-cpu-loras` adapters and its reads from disk are not timed); the Responses,
+//!   Messages, batch-chat, pooling and audio routes accept an adapter's name but run the base
+//!   model; the load routes do not check the request's content type; a body missing both
+//!   `lora_name` and `lora_path` is reported for `lora_name` only (pydantic lists both).
 //! - `error_rate` answers before the first byte (an HTTP 5xx), never inside a stream.
 //! - Engine metrics: a request's whole prompt is prefilled in its admission step (no chunked
 //!   prefill), so TGI 3's chunking (newcomers prefilled together with the running batch) is
@@ -163,6 +195,7 @@ pub mod fault;
 mod gen;
 pub mod kv_config;
 mod kv_publisher;
+pub mod lora;
 mod metrics;
 mod ollama;
 mod ollama_compat;
@@ -186,6 +219,7 @@ use tokio::sync::oneshot;
 pub use config::{SimArgs, SimConfig, SimKind, Timing};
 pub use fault::{Fault, FaultMode};
 pub use kv_config::KvEventsConfig;
+pub use lora::LoraSettings;
 
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]

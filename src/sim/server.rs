@@ -28,9 +28,10 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
 use super::config::{SimConfig, SimKind};
-use super::engine::Engine;
+use super::engine::{Engine, LoraRun};
 use super::fault::{FaultMode, FaultRequest, FaultState};
 use super::kv_publisher::KvPublisher;
+use super::lora::{LoraInfo, Registry};
 use super::metrics::{Counters, ModelStats};
 use super::text::{self, Plan, PromptTokens};
 use super::{ollama, tgi, vllm, SimError};
@@ -113,6 +114,10 @@ pub(crate) struct Sim {
     pub vocab: std::sync::Mutex<std::collections::HashMap<u32, String>>,
     /// vLLM's KV-cache event publisher (`--kv-events-config`), fed by the engine.
     kv: Option<KvPublisher>,
+    /// vLLM's loaded LoRA adapters (`--enable-lora`).
+    loras: Option<Registry>,
+    /// vLLM's `lora_requests_info` series, written by the engine (`--enable-lora`).
+    lora_info: Option<Arc<LoraInfo>>,
 }
 
 impl Sim {
@@ -124,6 +129,12 @@ impl Sim {
             Some(k) if k.enabled() => Some(KvPublisher::start(k, config.host, fault.clone())?),
             _ => None,
         };
+        let lora_on = config.kind == SimKind::Vllm && config.lora.enabled;
+        let loras = lora_on
+            .then(|| Registry::new(&config.lora, &config.models))
+            .transpose()
+            .map_err(|e| SimError::Config(format!("--lora-modules: {e}")))?;
+        let lora_info = lora_on.then(|| Arc::new(LoraInfo::new(config.lora.max_loras)));
         let names: Vec<String> = match config.kind {
             SimKind::Ollama => config.models.clone(),
             _ => config.models.iter().take(1).cloned().collect(),
@@ -144,6 +155,11 @@ impl Sim {
                         fault.clone(),
                         stats.clone(),
                         kv.as_ref().map(KvPublisher::sender),
+                        lora_info.as_ref().map(|info| LoraRun {
+                            max_loras: config.lora.max_loras,
+                            load_time: config.lora.load_time,
+                            info: info.clone(),
+                        }),
                     )
                 });
                 let preload = config.preloaded || config.kind != SimKind::Ollama;
@@ -172,8 +188,20 @@ impl Sim {
             responses: Default::default(),
             vocab: Default::default(),
             kv,
+            loras,
+            lora_info,
             config,
         })
+    }
+
+    /// vLLM's loaded LoRA adapters (none: LoRA off).
+    pub(crate) fn loras(&self) -> Option<&Registry> {
+        self.loras.as_ref()
+    }
+
+    /// vLLM's `lora_requests_info` series (none: LoRA off).
+    pub(crate) fn lora_info(&self) -> Option<&LoraInfo> {
+        self.lora_info.as_deref()
     }
 
     /// vLLM's `GET /kv_event_sources` body: the publisher's config with its bound endpoints,

@@ -328,6 +328,8 @@ pub(crate) struct Plan {
     pub prompt_len: u32,
     /// The `max_tokens` the answer was planned under (`None`: no cap was given).
     pub max_tokens: Option<u32>,
+    /// The LoRA adapter the engine runs it under (none: the base model).
+    pub adapter: Option<std::sync::Arc<super::lora::Adapter>>,
 }
 
 impl Plan {
@@ -350,6 +352,7 @@ impl Plan {
                 prompt_ids: tokens.ids,
                 prompt_len: tokens.len,
                 max_tokens,
+                adapter: None,
             },
             None => Plan::fresh(seed, model, prompt, tokens, max_tokens, min_len, max_len),
         }
@@ -430,7 +433,15 @@ impl Plan {
             prompt_ids: tokens.ids,
             prompt_len: tokens.len,
             max_tokens,
+            adapter: None,
         }
+    }
+
+    /// The same plan, run by the engine under `adapter` (the caller seeds the words with the
+    /// adapter's name, so its answers differ from the base model's).
+    pub(crate) fn under(mut self, adapter: Option<std::sync::Arc<super::lora::Adapter>>) -> Plan {
+        self.adapter = adapter;
+        self
     }
 
     /// Fit the prompt into a context window of `num_ctx` the way Ollama does (context shift on,

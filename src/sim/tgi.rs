@@ -7,6 +7,12 @@
 //! a non-stream request past it gets 429 `Model is overloaded`, a stream gets the error as an
 //! SSE event inside a 200. Validation errors are 422 `{"error","error_type":"validation"}`
 //! (in-stream for streams); malformed JSON gets axum's plain-text rejection.
+//!
+//! LoRA (TGI's multi-LoRA): `--lora-adapters` are fixed at start; a request names one in
+//! `parameters.adapter_id` (`/generate`, `/generate_stream`) or in `model` (its OpenAI routes;
+//! `tgi` means the base model) and is answered by it. An id TGI was not started with is not an
+//! error: TGI's shards fall back to the base model. `/info` does not list adapters (TGI 3's
+//! `Info` has no such field).
 
 // Validation helpers return the engine's ready-made error answer as their `Err`; it is built
 // only on the failure path, so its size does not matter.
@@ -214,6 +220,9 @@ struct Parameters {
     details: Option<bool>,
     #[serde(default)]
     seed: Option<u64>,
+    /// The LoRA adapter to run under (one of `--lora-adapters`).
+    #[serde(default)]
+    adapter_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -223,6 +232,14 @@ struct GenerateRequest {
     parameters: Option<Parameters>,
     #[serde(default)]
     stream: Option<bool>,
+}
+
+/// What a request asking for the adapter `id` runs under, as the name that seeds its words:
+/// one of `--lora-adapters`, else the base model. TGI does not refuse an unknown adapter id:
+/// its shards look it up and fall back to the base model (index 0).
+fn adapter<'a>(sim: &'a Sim, id: Option<&str>) -> &'a str {
+    id.and_then(|id| sim.config.tgi_lora_adapters.iter().find(|a| *a == id))
+        .unwrap_or(&sim.config.models[0])
 }
 
 fn logprob(word: u16) -> f64 {
@@ -300,6 +317,7 @@ async fn generate(sim: &Arc<Sim>, req: Request<Incoming>, kind: Native) -> Respo
         max_new_tokens: None,
         details: None,
         seed: None,
+        adapter_id: None,
     });
     let input_tokens = text::count_tokens(&r.inputs) as u32;
     let chars = r.inputs.chars().count();
@@ -332,7 +350,8 @@ async fn generate(sim: &Arc<Sim>, req: Request<Incoming>, kind: Native) -> Respo
         Gate::Failed(resp) => return resp,
     };
     let seed = params.seed.unwrap_or(sim.config.seed);
-    let plan = sim.plan(seed, &sim.config.models[0], &r.inputs, Some(cap));
+    let runs = adapter(sim, params.adapter_id.as_deref());
+    let plan = sim.plan(seed, runs, &r.inputs, Some(cap));
     let Ok(mut gen) = Gen::start(sim, 0, plan, None) else {
         return overloaded_response(sim);
     };
@@ -501,7 +520,9 @@ async fn openai(sim: &Arc<Sim>, req: Request<Incoming>, chat: bool) -> Response<
         }
     };
     let seed = seed.map(|s| s as u64).unwrap_or(sim.config.seed);
-    let mut plan = sim.plan(seed, &sim.config.models[0], &prompt, Some(cap));
+    // TGI's OpenAI routes pass `model` on as the adapter id
+    let runs = adapter(sim, model.as_deref().filter(|m| *m != "tgi"));
+    let mut plan = sim.plan(seed, runs, &prompt, Some(cap));
     let words = plan.text(0, plan.words.len());
     let words: Vec<&str> = words.split_whitespace().collect();
     let forced = match tool_body

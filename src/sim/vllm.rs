@@ -23,6 +23,7 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 use super::fault::FaultMode;
+use super::lora::{Adapter, LoraError};
 use super::openai_surface::Prompt;
 use super::openai_surface::{
     embeddings_body, js, respond, ChatRequest, CompletionRequest, Ctx, EmbeddingRequest,
@@ -72,12 +73,22 @@ async fn dispatch(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
                 &m.stats,
                 sim.config.timing.kv_capacity_tokens,
                 sim.config.timing.block_size,
+                sim.lora_info(),
             );
             json(
                 StatusCode::OK,
                 "text/plain; version=1.0.0; charset=utf-8",
                 body,
             )
+        }
+        ("/v1/load_lora_adapter", &Method::POST) if runtime_lora(sim) => {
+            load_lora_adapter(sim, req).await
+        }
+        ("/v1/unload_lora_adapter", &Method::POST) if runtime_lora(sim) => {
+            unload_lora_adapter(sim, req).await
+        }
+        ("/v1/load_lora_adapter" | "/v1/unload_lora_adapter", _) if runtime_lora(sim) => {
+            method_not_allowed()
         }
         ("/v1/chat/completions", &Method::POST) => chat(sim, req).await,
         ("/v1/completions", &Method::POST) => completions(sim, req).await,
@@ -203,25 +214,117 @@ fn health(sim: &Sim) -> Response<SimBody> {
 
 fn models(sim: &Sim) -> Response<SimBody> {
     let created = super::unix_now();
-    let root = js(&format!("/models/{}", sim.config.models[0]));
-    let data: Vec<String> = sim
+    let root = format!("/models/{}", sim.config.models[0]);
+    let base = &sim.config.models[0];
+    let mut data: Vec<String> = sim
         .config
         .models
         .iter()
         .map(|m| {
-            let perm: u64 = rand::random();
-            format!(
-                "{{\"id\":{},\"object\":\"model\",\"created\":{created},\"owned_by\":\"vllm\",\"root\":{root},\"parent\":null,\"max_model_len\":{},\"permission\":[{{\"id\":\"modelperm-{perm:016x}\",\"object\":\"model_permission\",\"created\":{created},\"allow_create_engine\":false,\"allow_sampling\":true,\"allow_logprobs\":true,\"allow_search_indices\":false,\"allow_view\":true,\"allow_fine_tuning\":false,\"organization\":\"*\",\"group\":null,\"is_blocking\":false}}]}}",
-                js(m),
-                sim.config.max_model_len
-            )
+            let len = sim.config.max_model_len.to_string();
+            model_card(m, &root, None, &len, created)
         })
         .collect();
+    // loaded adapters follow, in loading order, as children of the first served name
+    for a in sim.loras().map(|r| r.all()).unwrap_or_default() {
+        data.push(model_card(a.name(), a.path(), Some(base), "null", created));
+    }
     json(
         StatusCode::OK,
         JSON,
         format!("{{\"object\":\"list\",\"data\":[{}]}}", data.join(",")),
     )
+}
+
+/// One `/v1/models` entry (vLLM's `ModelCard`): `max_model_len` already written as JSON.
+fn model_card(
+    id: &str,
+    root: &str,
+    parent: Option<&str>,
+    max_model_len: &str,
+    created: u64,
+) -> String {
+    let perm: u64 = rand::random();
+    let parent = parent.map(js).unwrap_or_else(|| "null".into());
+    format!(
+        "{{\"id\":{},\"object\":\"model\",\"created\":{created},\"owned_by\":\"vllm\",\"root\":{},\"parent\":{parent},\"max_model_len\":{max_model_len},\"permission\":[{{\"id\":\"modelperm-{perm:016x}\",\"object\":\"model_permission\",\"created\":{created},\"allow_create_engine\":false,\"allow_sampling\":true,\"allow_logprobs\":true,\"allow_search_indices\":false,\"allow_view\":true,\"allow_fine_tuning\":false,\"organization\":\"*\",\"group\":null,\"is_blocking\":false}}]}}",
+        js(id),
+        js(root),
+    )
+}
+
+/// Whether vLLM's runtime LoRA routes exist (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`);
+/// without them the paths are unknown (404 `Not Found`), as in vLLM.
+fn runtime_lora(sim: &Sim) -> bool {
+    sim.loras().is_some_and(|r| r.runtime_updating())
+}
+
+/// `POST /v1/load_lora_adapter` fields.
+#[derive(Deserialize)]
+struct LoadLora {
+    #[serde(default)]
+    lora_name: Option<String>,
+    #[serde(default)]
+    lora_path: Option<String>,
+    #[serde(default)]
+    load_inplace: Option<bool>,
+}
+
+/// `POST /v1/unload_lora_adapter` fields.
+#[derive(Deserialize)]
+struct UnloadLora {
+    #[serde(default)]
+    lora_name: Option<String>,
+}
+
+async fn load_lora_adapter(sim: &Sim, req: Request<Incoming>) -> Response<SimBody> {
+    let (body, r) = match read_request::<LoadLora>(req).await {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let (Some(name), Some(path)) = (&r.lora_name, &r.lora_path) else {
+        let field = if r.lora_name.is_none() {
+            "lora_name"
+        } else {
+            "lora_path"
+        };
+        return missing(&body, field);
+    };
+    let Some(registry) = sim.loras() else {
+        return json(StatusCode::NOT_FOUND, JSON, "{\"detail\":\"Not Found\"}");
+    };
+    lora_answer(registry.load(name, path, r.load_inplace.unwrap_or(false)))
+}
+
+async fn unload_lora_adapter(sim: &Sim, req: Request<Incoming>) -> Response<SimBody> {
+    let (body, r) = match read_request::<UnloadLora>(req).await {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let Some(name) = &r.lora_name else {
+        return missing(&body, "lora_name");
+    };
+    let Some(registry) = sim.loras() else {
+        return json(StatusCode::NOT_FOUND, JSON, "{\"detail\":\"Not Found\"}");
+    };
+    lora_answer(registry.unload(name))
+}
+
+/// vLLM's answer to a load or unload: the success text as a plain body without a content
+/// type (FastAPI's bare `Response`), or its error.
+fn lora_answer(r: Result<String, LoraError>) -> Response<SimBody> {
+    match r {
+        Ok(text) => {
+            let mut resp = json(StatusCode::OK, JSON, text);
+            resp.headers_mut().remove(header::CONTENT_TYPE);
+            resp
+        }
+        Err(e) => {
+            let (code, ty) = e.status_and_type();
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
+            error(status, &e.to_string(), ty, None)
+        }
+    }
 }
 
 /// vLLM's error body.
@@ -339,20 +442,39 @@ pub(super) fn missing(body: &[u8], field: &str) -> Response<SimBody> {
     )
 }
 
+/// vLLM's model check for routes that serve the base model only: an adapter is a valid name
+/// (vLLM accepts it everywhere), an unknown one its 404.
 pub(super) fn check_model(sim: &Sim, model: Option<&str>) -> Option<Response<SimBody>> {
-    match model {
-        None | Some("") => None,
-        Some(m) if sim.config.models.iter().any(|x| x == m) => None,
-        Some(m) => Some(error(
-            StatusCode::NOT_FOUND,
-            &format!(
-                "The model `{m}` does not exist. Valid aliases: {}.",
-                sim.config.models.join(", ")
-            ),
-            "NotFoundError",
-            Some("model"),
-        )),
+    resolve_model(sim, model).err()
+}
+
+/// vLLM's model check: no name or a served name is the base model, a loaded LoRA adapter's
+/// name is that adapter, anything else vLLM's 404 (with runtime updating on, vLLM first asks
+/// its resolvers for it, which uses up an adapter id).
+pub(super) fn resolve_model(
+    sim: &Sim,
+    model: Option<&str>,
+) -> Result<Option<Arc<Adapter>>, Response<SimBody>> {
+    let m = match model {
+        None | Some("") => return Ok(None),
+        Some(m) if sim.config.models.iter().any(|x| x == m) => return Ok(None),
+        Some(m) => m,
+    };
+    if let Some(registry) = sim.loras() {
+        if let Some(a) = registry.find(m) {
+            return Ok(Some(a));
+        }
+        registry.note_unknown_model();
     }
+    Err(error(
+        StatusCode::NOT_FOUND,
+        &format!(
+            "The model `{m}` does not exist. Valid aliases: {}.",
+            sim.config.models.join(", ")
+        ),
+        "NotFoundError",
+        Some("model"),
+    ))
 }
 
 /// The engine-side faults of inference routes.
@@ -461,9 +583,10 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
         Ok(x) => x,
         Err(resp) => return resp,
     };
-    if let Some(resp) = check_model(sim, r.model.as_deref()) {
-        return resp;
-    }
+    let adapter = match resolve_model(sim, r.model.as_deref()) {
+        Ok(a) => a,
+        Err(resp) => return resp,
+    };
     if r.messages.is_none() {
         return missing(&body, "messages");
     }
@@ -487,15 +610,17 @@ async fn chat(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody> {
     let prompt = Prompted {
         text: &prompt,
         tokens,
+        adapter,
     };
     answer(sim, true, seed(sim, r.seed), prompt, cap, stream, usage).await
 }
 
-/// A prompt as the simulator rendered it (its text seeds the answer) and as the engine
-/// tokenized it.
+/// A prompt as the simulator rendered it (its text seeds the answer), as the engine
+/// tokenized it, and the LoRA adapter it names (none: the base model).
 struct Prompted<'a> {
     text: &'a str,
     tokens: PromptTokens,
+    adapter: Option<Arc<Adapter>>,
 }
 
 /// vLLM's 400 for a prompt its tokenizer or chat template refuses.
@@ -553,13 +678,18 @@ async fn answer(
     if let Some(resp) = inference_fault(sim) {
         return resp;
     }
-    let model = &sim.config.models[0];
+    // an adapter's answers carry its name and differ from the base model's, as vLLM's do
+    let model = match &prompt.adapter {
+        Some(a) => a.name(),
+        None => &sim.config.models[0],
+    };
     let (text, tokens) = (prompt.text, prompt.tokens);
     let plan = if cap.ignore_eos {
         sim.plan_to_length(seed, model, text, tokens, cap.max)
     } else {
         sim.plan_tokens(seed, model, text, tokens, Some(cap.max))
-    };
+    }
+    .under(prompt.adapter.clone());
     let ctx =
         Ctx::new(Surface::Vllm, chat, model).with_prompt_details(sim.config.prompt_tokens_details);
     let opts = RespondOpts {
@@ -613,9 +743,10 @@ async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody
         Ok(x) => x,
         Err(resp) => return resp,
     };
-    if let Some(resp) = check_model(sim, r.model.as_deref()) {
-        return resp;
-    }
+    let adapter = match resolve_model(sim, r.model.as_deref()) {
+        Ok(a) => a,
+        Err(resp) => return resp,
+    };
     let Some(p) = &r.prompt else {
         return missing(&body, "prompt");
     };
@@ -645,6 +776,7 @@ async fn completions(sim: &Arc<Sim>, req: Request<Incoming>) -> Response<SimBody
     let prompt = Prompted {
         text: &prompt,
         tokens,
+        adapter,
     };
     answer(sim, false, seed(sim, r.seed), prompt, cap, stream, usage).await
 }

@@ -52,6 +52,7 @@ mod sim_config;
 mod sim_engine_metrics;
 mod sim_faults;
 mod sim_kv_events;
+mod sim_lora;
 mod sim_ollama;
 mod sim_python_oracles;
 mod sim_tgi;

@@ -47,6 +47,7 @@ fn run(timing: Timing, arrivals: &[Arrival], window: f64) -> Vec<Window> {
                 unique_blocks: 0,
                 tokens: Vec::new(),
                 out_len: a.out,
+                lora: 0,
                 tag: Seq::default(),
             });
             next += 1;

@@ -245,6 +245,9 @@ pub(crate) struct ModelStats {
     /// `num_requests_waiting`, which its scheduler reports after each step, so a request that
     /// arrives during a step and is admitted at the next one never shows as waiting.
     pub waiting_scheduled: AtomicU64,
+    /// Of those, the ones the last round deferred because their LoRA adapter had no slot
+    /// (vLLM's `num_requests_waiting_by_reason{reason="deferred"}`).
+    pub waiting_deferred: AtomicU64,
     pub running: AtomicU64,
     pub kv_used_tokens: AtomicU64,
     pub kv_reserved_tokens: AtomicU64,
@@ -273,6 +276,7 @@ impl ModelStats {
             dialect: kind.into(),
             waiting: AtomicU64::new(0),
             waiting_scheduled: AtomicU64::new(0),
+            waiting_deferred: AtomicU64::new(0),
             running: AtomicU64::new(0),
             kv_used_tokens: AtomicU64::new(0),
             kv_reserved_tokens: AtomicU64::new(0),

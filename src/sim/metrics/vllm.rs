@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::{go_float, Histogram, ModelStats};
+use crate::sim::lora::LoraInfo;
 
 /// The writer of one exposition: the model label and the `_created` timestamp.
 struct Vexp<'a> {
@@ -78,7 +79,15 @@ impl Vexp<'_> {
 }
 
 /// vLLM 0.32's `/metrics` text for one engine (labelled with the first served name).
-pub(crate) fn render_vllm(model: &str, s: &ModelStats, kv_capacity: u64, block: u32) -> String {
+/// With LoRA on, `lora` writes `vllm:lora_requests_info` after the request histograms, where
+/// vLLM registers it.
+pub(crate) fn render_vllm(
+    model: &str,
+    s: &ModelStats,
+    kv_capacity: u64,
+    block: u32,
+    lora: Option<&LoraInfo>,
+) -> String {
     let mut e = Vexp {
         out: String::with_capacity(32 * 1024),
         model,
@@ -87,6 +96,9 @@ pub(crate) fn render_vllm(model: &str, s: &ModelStats, kv_capacity: u64, block: 
     scheduler_gauges(&mut e, s);
     token_counters(&mut e, s);
     histograms(&mut e, s);
+    if let Some(lora) = lora {
+        lora.render(&mut e.out);
+    }
     e.head(
         "vllm:cache_config_info",
         "Information of the LLMEngine CacheConfig",
@@ -118,8 +130,13 @@ fn scheduler_gauges(e: &mut Vexp<'_>, s: &ModelStats) {
         "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
         "gauge",
     );
-    e.line(name, Some(("reason", "capacity")), waiting);
-    e.line(name, Some(("reason", "deferred")), 0.0);
+    let deferred = s.waiting_deferred.load(Relaxed) as f64;
+    e.line(
+        name,
+        Some(("reason", "capacity")),
+        (waiting - deferred).max(0.0),
+    );
+    e.line(name, Some(("reason", "deferred")), deferred);
     e.gauge(
         "vllm:kv_cache_usage_perc",
         "KV-cache usage. 1 means 100 percent usage.",
@@ -340,7 +357,7 @@ mod tests {
             max_tokens: 2,
             ..Default::default()
         });
-        render_vllm("tiny", &s, 2048, 128)
+        render_vllm("tiny", &s, 2048, 128, None)
     }
 
     #[test]
