@@ -8,6 +8,7 @@
 //! the process to itself runs in a child process ([`support::isolated`]).
 
 mod kv_routing;
+mod lora_routing;
 mod support;
 
 mod api_messages;
