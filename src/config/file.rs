@@ -329,6 +329,10 @@ pub struct BackendSection {
     /// LoRA adapters Sluice keeps loaded on this engine before it unloads the least recently
     /// used one (default: the engine's adapter slots, `max_lora`).
     pub max_adapters: Option<u32>,
+    /// TGI only: the LoRA adapters it was started with (its `--lora-adapters`), which it does
+    /// not list anywhere.
+    #[serde(default)]
+    pub lora_adapters: Vec<String>,
     #[serde(default)]
     pub timeouts: TimeoutsSection,
 }

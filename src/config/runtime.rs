@@ -401,6 +401,8 @@ pub struct BackendConfig {
     /// LoRA adapters kept loaded before the least recently used is unloaded (`None`: the
     /// engine's adapter slots).
     pub max_adapters: Option<u32>,
+    /// TGI: the adapters it was started with.
+    pub lora_adapters: Vec<String>,
     pub timeouts: Timeouts,
 }
 

@@ -543,6 +543,18 @@ impl Backend {
                 .unwrap_or_else(|| m.clone());
             configured.insert(m.clone(), backend_name);
         }
+        // TGI lists no adapters: the ones it was started with are held for its base model
+        if let Some(base) = config
+            .models
+            .first()
+            .filter(|_| config.kind == BackendKind::Tgi)
+        {
+            let held = config
+                .lora_adapters
+                .iter()
+                .map(|a| (a.clone(), base.clone()));
+            state.adapters().set_listed(held);
+        }
         Backend {
             config,
             state,
@@ -724,6 +736,7 @@ mod tests {
                 health_path: None,
                 kv_events: Default::default(),
                 max_adapters: None,
+                lora_adapters: Vec::new(),
                 timeouts: Timeouts::default(),
             },
             Arc::new(BackendState::new()),

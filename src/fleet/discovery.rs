@@ -44,6 +44,7 @@ pub fn members(
                 health_path: None,
                 kv_events: Default::default(),
                 max_adapters: None,
+                lora_adapters: Vec::new(),
                 timeouts,
             })
         })

@@ -100,6 +100,7 @@ impl RegisterRequest {
                 health_path: self.health_path,
                 kv_events: Default::default(),
                 max_adapters: None,
+                lora_adapters: Vec::new(),
                 timeouts: config.backend_timeouts,
             },
             ttl,

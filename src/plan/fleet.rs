@@ -349,6 +349,7 @@ fn backend(i: usize, timing: &Timing) -> Backend {
         health_path: None,
         kv_events: Default::default(),
         max_adapters: None,
+        lora_adapters: Vec::new(),
         timeouts: Timeouts::default(),
     };
     let state = Arc::new(BackendState::new());

@@ -776,6 +776,15 @@ fn continuer(
         return None;
     }
     p.api.continuation()?;
+    // an adapter's stream continues only where the adapter is held: nothing is loaded mid-answer
+    let mut tried = tried.to_vec();
+    if let Some(a) = &p.resolved.adapter {
+        let candidates = &p.resolved.candidates;
+        let elsewhere: Vec<usize> = (0..candidates.len())
+            .filter(|&i| !tried.contains(&i) && !candidates[i].0.state.adapters().holds(&a.name))
+            .collect();
+        tried.extend(elsewhere);
+    }
     Some(resume::Continuer {
         gw: gw.clone(),
         api: p.api,
@@ -787,7 +796,7 @@ fn continuer(
         tenant: p.identity.tenant.clone(),
         client_headers: p.client_headers.clone(),
         request_id: record.request_id.clone(),
-        tried: tried.to_vec(),
+        tried,
         strip_usage,
     })
 }

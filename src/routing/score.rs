@@ -408,6 +408,7 @@ mod tests {
                 health_path: None,
                 kv_events: Default::default(),
                 max_adapters: None,
+                lora_adapters: Vec::new(),
                 timeouts: Timeouts::default(),
             },
             Arc::new(BackendState::new()),

@@ -272,3 +272,36 @@ async fn models_list_each_adapter_once_with_its_base_and_allow_lists_name_them()
     let (status, _, _) = chat(&g, "sk-all", "nowhere").await;
     assert_eq!(status, 403);
 }
+
+/// TGI's adapters are the ones it was started with (`lora_adapters` on the backend, as TGI
+/// lists none): a request for one goes to that TGI; a configured adapter TGI was not started
+/// with never goes there (TGI would answer it with its base model), it is loaded on vLLM.
+#[tokio::test]
+async fn tgi_serves_the_adapters_it_was_started_with_and_no_others() {
+    let t = "tgi";
+    let vllm = engine().await;
+    let tgi = spawn(
+        SimConfig::new(SimKind::Tgi, vec![MODEL.into()])
+            .speed(50.0)
+            .tgi_lora_adapters(vec!["t0".into()]),
+    )
+    .await
+    .unwrap();
+    let toml = format!(
+        "[routing]\nexpose_backend_header = true\n{STEADY_HEALTH}\n\
+         [[adapters]]\nname = \"a0\"\nbase = \"{MODEL}\"\npath = \"{}\"\n{}{}lora_adapters = [\"t0\"]\n",
+        adapter_path(),
+        backend(&format!("{t}-0"), "vllm", &vllm.url(), &[MODEL]),
+        backend(&format!("{t}-1"), "tgi", &tgi.url(), &[MODEL]),
+    );
+    let g = TestGateway::start_healthy(&toml).await;
+    for _ in 0..4 {
+        let (status, backend, body) = chat(&g, "", "t0").await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(backend.as_deref(), Some("tgi-1"));
+        assert_eq!(body["model"], "t0");
+        let (status, backend, body) = chat(&g, "", "a0").await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(backend.as_deref(), Some("tgi-0"));
+    }
+}

@@ -70,6 +70,29 @@ pub(super) fn models(p: &mut Problems, list: &[ModelSection]) -> Vec<ModelConfig
     models
 }
 
+/// A backend's `lora_adapters`: TGI only (vLLM lists its adapters itself), and with its
+/// `models` named (the base model the adapters adapt).
+fn lora_adapters(p: &mut Problems, at: &str, kind: BackendKind, b: &BackendSection) -> Vec<String> {
+    if b.lora_adapters.is_empty() {
+        return Vec::new();
+    }
+    if kind != BackendKind::Tgi {
+        p.push(
+            format!("{at}.lora_adapters"),
+            "only for tgi backends (vLLM lists its adapters in /v1/models)",
+        );
+    } else if b.models.is_empty() {
+        p.push(
+            format!("{at}.lora_adapters"),
+            "needs `models`: the base model the adapters adapt",
+        );
+    }
+    if b.lora_adapters.iter().any(|a| a.trim().is_empty()) {
+        p.push(format!("{at}.lora_adapters"), "an adapter name is empty");
+    }
+    b.lora_adapters.clone()
+}
+
 /// `[[adapters]]`: names unique and distinct from every model name and alias; a base (its
 /// alias resolved to the model's name) and a path.
 pub(super) fn adapters(
@@ -193,6 +216,7 @@ fn backend(
         health_path: b.health_path.clone(),
         kv_events: kv_events(p, &format!("{at}.kv_events"), kind, &b.kv_events),
         max_adapters: b.max_adapters,
+        lora_adapters: lora_adapters(p, &at, kind, b),
         timeouts: timeouts(p, &format!("{at}.timeouts"), &b.timeouts, base),
     }
 }

@@ -148,6 +148,7 @@ fn backend() -> Arc<Backend> {
         health_path: None,
         kv_events: Default::default(),
         max_adapters: None,
+        lora_adapters: Vec::new(),
         timeouts: Timeouts::default(),
     };
     Arc::new(Backend::new(cfg, Arc::new(BackendState::new())))

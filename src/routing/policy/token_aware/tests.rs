@@ -28,6 +28,7 @@ fn backends(names: &[&str]) -> Vec<Backend> {
                 health_path: None,
                 kv_events: Default::default(),
                 max_adapters: None,
+                lora_adapters: Vec::new(),
                 timeouts: Timeouts::default(),
             };
             Backend::new(cfg, Arc::new(BackendState::new()))
