@@ -216,7 +216,7 @@ fn backend(
         health_path: b.health_path.clone(),
         kv_events: kv_events(p, &format!("{at}.kv_events"), kind, &b.kv_events),
         max_adapters: b.max_adapters,
-        lora_adapters: lora_adapters(p, &at, kind, b),
+        lora_adapters: lora_adapters(p, at, kind, b),
         timeouts: timeouts(p, &format!("{at}.timeouts"), &b.timeouts, base),
     }
 }
