@@ -244,3 +244,78 @@ fn a_model_tokenizer_is_loaded_or_named_as_a_problem() {
         "{err:?}"
     );
 }
+
+#[test]
+fn adapters_resolve_their_base_and_report_every_mistake() {
+    let ok = from_str(
+        r#"
+[[models]]
+name = "llama-3.1-8b"
+aliases = ["llama3"]
+[[adapters]]
+name = "support-tone"
+base = "llama3"
+path = "/adapters/support-tone"
+[[backends]]
+name = "t"
+kind = "tgi"
+url = "http://127.0.0.1:1"
+models = ["llama-3.1-8b"]
+lora_adapters = ["legal"]
+max_adapters = 2
+"#,
+        "t",
+    )
+    .unwrap();
+    assert_eq!(
+        ok.adapters,
+        vec![AdapterConfig {
+            name: "support-tone".into(),
+            base: "llama-3.1-8b".into(),
+            path: "/adapters/support-tone".into(),
+        }]
+    );
+    assert_eq!(ok.backends[0].lora_adapters, vec!["legal".to_string()]);
+    assert_eq!(ok.backends[0].max_adapters, Some(2));
+
+    let text = r#"
+[[models]]
+name = "m"
+aliases = ["m-alias"]
+[[adapters]]
+name = "a"
+base = ""
+path = ""
+[[adapters]]
+name = "a"
+base = "m"
+path = "/x"
+[[adapters]]
+name = "m-alias"
+base = "m"
+path = "/x"
+[[backends]]
+name = "v"
+kind = "vllm"
+url = "http://127.0.0.1:1"
+lora_adapters = ["x"]
+[[backends]]
+name = "t"
+kind = "tgi"
+url = "http://127.0.0.1:2"
+lora_adapters = ["x"]
+"#;
+    let err = from_str(text, "f.toml").unwrap_err().problems();
+    let joined = err.join("\n");
+    for needle in [
+        "adapters[0].base",
+        "adapters[0].path",
+        "adapters[1].name",
+        "adapters[2].name",
+        "backends[0].lora_adapters: only for tgi",
+        "backends[1].lora_adapters: needs `models`",
+    ] {
+        assert!(joined.contains(needle), "missing {needle} in:\n{joined}");
+    }
+    assert_eq!(err.len(), 6, "{joined}");
+}
