@@ -69,18 +69,37 @@ pub struct Request {
     pub setup_seconds: f64,
 }
 
-/// Relative distance from the candidates' common decode speed within which a backend's
-/// measured decode speed counts as that common speed (see [`breakdown`]).
-pub const DECODE_NOISE: f64 = 0.15;
+/// Relative distance below the candidates' fastest measured speed (prefill or decode) within
+/// which a backend's speed counts as that fastest one (see [`breakdown`]).
+pub const SPEED_NOISE: f64 = 0.15;
 
 /// Speeds assumed for backends not measured yet (see [`Prior::of`]), and the candidates'
-/// common decode speed.
+/// fastest measured speeds.
 #[derive(Debug, Clone, Copy)]
 pub struct Prior {
     pub prefill_tps: f64,
     pub decode_tps: f64,
-    /// The median of the candidates' measured decode speeds (two measured at least).
-    pub decode_common: Option<f64>,
+    /// The fastest of the candidates' measured prefill speeds (two measured at least).
+    pub prefill_top: Option<f64>,
+    /// The fastest of the candidates' measured decode speeds (two measured at least).
+    pub decode_top: Option<f64>,
+}
+
+/// The largest measured value of `f` over `backends`, when two at least are measured.
+fn top(backends: &[&Backend], f: impl Fn(&Backend) -> Option<f64>) -> Option<f64> {
+    let (n, max) = backends
+        .iter()
+        .filter_map(|b| f(b))
+        .fold((0, f64::MIN), |(n, m), v| (n + 1, m.max(v)));
+    (n >= 2).then_some(max)
+}
+
+/// `speed`, or `top` when `speed` is within [`SPEED_NOISE`] below it.
+fn snap(speed: f64, top: Option<f64>) -> f64 {
+    match top {
+        Some(t) if speed >= t * (1.0 - SPEED_NOISE) => t,
+        _ => speed,
+    }
 }
 
 impl Prior {
@@ -91,16 +110,11 @@ impl Prior {
         let fastest = |f: &dyn Fn(&Backend) -> Option<f64>, default: f64| {
             backends.iter().filter_map(|b| f(b)).fold(default, f64::max)
         };
-        let mut decode: Vec<f64> = backends
-            .iter()
-            .filter_map(|b| b.state.speeds().decode_tps.get())
-            .collect();
-        decode.sort_by(f64::total_cmp);
-        let n = decode.len();
         Prior {
             prefill_tps: fastest(&|b| b.state.speeds().prefill_tps.get(), PRIOR_PREFILL_TPS),
             decode_tps: fastest(&|b| b.state.speeds().decode_tps.get(), PRIOR_DECODE_TPS),
-            decode_common: (n >= 2).then(|| (decode[(n - 1) / 2] + decode[n / 2]) / 2.0),
+            prefill_top: top(backends, |b| b.state.speeds().prefill_tps.get()),
+            decode_top: top(backends, |b| b.state.speeds().decode_tps.get()),
         }
     }
 }
@@ -193,19 +207,15 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     if gw_busy < 1.0 && last != 0 && monotonic_ms().saturating_sub(last) > STALE_SPEEDS_MS {
         decode_tps = decode_tps.max(prior.decode_tps);
     }
-    // Like engines measure decode speeds a few percent apart: each EWMA follows its own
-    // requests, their batches and the prefills that stalled their steps. Times an expected
-    // output of hundreds of tokens that noise is seconds' worth of score, more than the
-    // prefill a cached prefix saves, so requests would leave the engine holding their prefix
-    // for the one whose estimate happens to be higher (and replicas, each measuring its own
-    // traffic, would disagree on it). A speed within `DECODE_NOISE` of the candidates' common
-    // one counts as that one; an engine clearly slower or faster keeps its own.
-    if let Some(common) = prior.decode_common {
-        if (decode_tps / common - 1.0).abs() <= DECODE_NOISE {
-            decode_tps = common;
-        }
-    }
-    let prefill_tps = prefill_tps.max(1.0);
+    // Like engines measure speeds a few percent apart: each EWMA follows its own requests,
+    // their batches and the prefills that stalled their steps. Times an expected output of
+    // hundreds of tokens that noise is seconds' worth of score, more than the prefill a
+    // cached prefix saves, so requests would leave the engine holding their prefix for the
+    // one whose estimate happens to be higher (and replicas, each measuring its own traffic,
+    // would disagree on it). A speed within `SPEED_NOISE` below the candidates' fastest counts
+    // as the fastest; an engine clearly slower keeps its own.
+    let decode_tps = snap(decode_tps, prior.decode_top);
+    let prefill_tps = snap(prefill_tps, prior.prefill_top).max(1.0);
     let decode_tps = decode_tps.max(0.01);
     let busy_seen = st.speeds().busy_seen().unwrap_or(busy);
     // Decode per token grows with the batch: scale the measured speed from the batch it was
@@ -423,7 +433,8 @@ mod tests {
     const PRIOR: Prior = Prior {
         prefill_tps: 1000.0,
         decode_tps: 50.0,
-        decode_common: None,
+        prefill_top: None,
+        decode_top: None,
     };
 
     fn measure(b: &Backend, decode_tps: f64) {
@@ -446,7 +457,7 @@ mod tests {
     /// their EWMAs would outweigh the prefill a cached prefix saves); one clearly slower keeps
     /// its own speed.
     #[test]
-    fn decode_speeds_within_noise_of_the_common_one_count_as_it() {
+    fn decode_speeds_within_noise_of_the_fastest_count_as_it() {
         let (a, b, c, slow) = (
             backend(BackendKind::Vllm, None),
             backend(BackendKind::Vllm, None),
@@ -458,15 +469,44 @@ mod tests {
         measure(&c, 97.0);
         measure(&slow, 50.0);
         let prior = Prior::of(&[&a, &b, &c, &slow]);
-        assert!(prior.decode_common.is_some_and(|c| (c - 95.5).abs() < 1e-6));
+        assert!(prior.decode_top.is_some_and(|c| (c - 100.0).abs() < 1e-6));
         let s = |x: &Backend| breakdown(x, "m", REQ, prior);
         assert_eq!(s(&a).decode_seconds, s(&b).decode_seconds);
         assert_eq!(s(&a).score, s(&c).score);
         assert!(s(&slow).decode_seconds > 1.8 * s(&a).decode_seconds);
         // one measured candidate has no common speed: its own
         let alone = Prior::of(&[&b]);
-        assert_eq!(alone.decode_common, None);
+        assert_eq!(alone.decode_top, None);
         assert!(breakdown(&b, "m", REQ, alone).decode_seconds > s(&a).decode_seconds);
+    }
+
+    /// Prefill speeds within the noise of the fastest are scored alike too; one 25% slower
+    /// keeps its own.
+    #[test]
+    fn prefill_speeds_within_noise_of_the_fastest_count_as_it() {
+        let measured = |prefill_tps: f64| {
+            let b = backend(BackendKind::Vllm, None);
+            for _ in 0..10 {
+                b.state.speeds().observe(
+                    &Observation {
+                        prompt_tokens: 1000,
+                        cached_tokens: 0,
+                        completion_tokens: 101,
+                        ttft: Some(Duration::from_secs_f64(1000.0 / prefill_tps)),
+                        total: Duration::from_secs_f64(1000.0 / prefill_tps + 2.0),
+                        queued: false,
+                    },
+                    1.0,
+                );
+            }
+            b
+        };
+        let (a, b, slow) = (measured(2000.0), measured(1800.0), measured(1500.0));
+        let prior = Prior::of(&[&a, &b, &slow]);
+        let s = |x: &Backend| breakdown(x, "m", REQ, prior);
+        assert_eq!(s(&a).prefill_seconds, s(&b).prefill_seconds);
+        assert!((s(&a).prefill_seconds - 0.5).abs() < 1e-6);
+        assert!((s(&slow).prefill_seconds - 1000.0 / 1500.0).abs() < 1e-6);
     }
 
     /// An idle engine measured slow a while ago is retried on its decode speed (the fleet's

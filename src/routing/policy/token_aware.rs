@@ -24,7 +24,7 @@ const TIE: f64 = 1e-6;
 
 /// Relative difference under which two scores cannot be told apart where KV facts exist: an
 /// EWMA of speeds moves by about this much between replicas and between like engines (see
-/// [`score::DECODE_NOISE`]).
+/// [`score::SPEED_NOISE`]).
 pub const NOISE: f64 = 0.1;
 
 pub struct TokenAware;

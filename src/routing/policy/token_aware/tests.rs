@@ -164,11 +164,12 @@ fn near_equal_scores_without_a_cache_go_by_rank_every_time() {
 }
 
 /// Without token ids (no tokenizer, or no engine reporting its cache) the lowest score wins,
-/// as before: a backend measured a little slower is avoided.
+/// as before: a backend measured slower (beyond the speeds' noise, within the scores') is
+/// avoided.
 #[test]
 fn without_kv_facts_the_lowest_score_wins() {
     let bs = backends(&["a", "b"]);
-    measure(&bs[0], 1900.0, 50.0);
+    measure(&bs[0], 1500.0, 50.0);
     measure(&bs[1], 2000.0, 50.0);
     for prefix in 0..20u64 {
         assert_eq!(choose(&bs, &input(prefix, false)), 1, "prefix {prefix}");
@@ -179,7 +180,7 @@ fn without_kv_facts_the_lowest_score_wins() {
 #[test]
 fn engines_not_reporting_their_caches_give_no_facts() {
     let bs = backends(&["a", "b"]);
-    measure(&bs[0], 1900.0, 50.0);
+    measure(&bs[0], 1500.0, 50.0);
     measure(&bs[1], 2000.0, 50.0);
     for prefix in 0..20u64 {
         assert_eq!(choose(&bs, &input(prefix, true)), 1, "prefix {prefix}");
