@@ -17,9 +17,22 @@ use super::backend::monotonic_ms;
 use super::prom::Sample;
 use super::speed::Ewma;
 
-/// What a load costs before any was measured on an engine: vLLM reads the adapter's weights
-/// from disk and moves them to its device, typically well under a second for small ranks.
+/// What a load costs before any was measured on the candidates: vLLM reads the adapter's
+/// weights from disk and moves them to its device, typically well under a second for small
+/// ranks.
 pub const PRIOR_LOAD_SECONDS: f64 = 1.0;
+
+/// What a request for an adapter must wait for on one engine before it can start.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Setup {
+    /// Nothing: the adapter runs, or a slot is free for it (or no adapter).
+    Ready,
+    /// A load or a swap, at this engine's measured load time when it has one.
+    Load { measured: Option<f64> },
+}
+
+/// The adapter slots assumed before an engine reports its own (vLLM's `--max-loras` default).
+pub const DEFAULT_SLOTS: u32 = 1;
 
 /// How long an engine that answered as one without run-time loading is not asked again.
 pub const NO_LOADS_FOR: Duration = Duration::from_secs(300);
@@ -144,22 +157,24 @@ impl Adapters {
         self.lock().max_lora
     }
 
-    /// Seconds a request for `name` pays here before the engine can start it: nothing when
+    /// What a request for `name` waits for here before the engine can start it: nothing when
     /// the adapter runs or a slot is free for it; a load when the engine does not hold it; a
     /// swap (priced as a load) when it is held but every slot runs another adapter.
-    pub fn setup_seconds(&self, name: &str) -> f64 {
-        let load = self.load_seconds.get().unwrap_or(PRIOR_LOAD_SECONDS);
+    pub fn setup(&self, name: &str) -> Setup {
+        let load = Setup::Load {
+            measured: self.load_seconds.get(),
+        };
         let g = self.lock();
         if !g.held.contains_key(name) {
             return load;
         }
         if g.running.iter().any(|r| r == name) {
-            return 0.0;
+            return Setup::Ready;
         }
         let busy = g.running.iter().filter(|r| *r != name).count();
         match g.max_lora {
             Some(slots) if busy >= slots as usize => load,
-            _ => 0.0,
+            _ => Setup::Ready,
         }
     }
 
@@ -187,19 +202,32 @@ impl Adapters {
         self.lock().held.remove(name);
     }
 
-    /// The held adapter to unload to make room, when `budget` adapters are held: the least
-    /// recently used one with no request of the gateway in flight (`None`: room left, or
-    /// every held adapter is in use).
-    pub fn victim(&self, budget: usize) -> Option<String> {
-        let g = self.lock();
-        if g.held.len() < budget.max(1) {
-            return None;
-        }
-        g.held
+    /// The adapters to unload so that one more fits in `budget`: the least recently used ones
+    /// with no request of the gateway in flight, no longer counted as held from this moment
+    /// (under the lock that counts requests in, so none can start on a victim from here:
+    /// such a request finds the adapter missing and loads it again). Fewer than needed when
+    /// the others are in use: the engine then holds more than the budget until they are idle.
+    pub fn take_victims(&self, budget: usize) -> Vec<String> {
+        let mut g = self.lock();
+        let excess = (g.held.len() + 1).saturating_sub(budget.max(1));
+        let mut idle: Vec<(u64, String)> = g
+            .held
             .iter()
             .filter(|(n, _)| g.inflight.get(*n).copied().unwrap_or(0) == 0)
-            .min_by_key(|(_, h)| h.last_used_ms)
-            .map(|(n, _)| n.clone())
+            .map(|(n, h)| (h.last_used_ms, n.clone()))
+            .collect();
+        idle.sort();
+        idle.truncate(excess);
+        for (_, n) in &idle {
+            g.held.remove(n);
+        }
+        idle.into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// The adapter budget: `configured` (the backend's `max_adapters`), else the engine's
+    /// slots, else [`DEFAULT_SLOTS`].
+    pub fn budget(&self, configured: Option<u32>) -> usize {
+        configured.or(self.max_lora()).unwrap_or(DEFAULT_SLOTS) as usize
     }
 
     /// The lock a load of `name` is made under: whoever holds it loads, the others wait and

@@ -30,6 +30,11 @@ const ALPHA: f64 = 0.2;
 pub struct Ewma(AtomicU64);
 
 impl Ewma {
+    /// Nothing observed yet.
+    pub const fn new() -> Ewma {
+        Ewma(AtomicU64::new(0))
+    }
+
     pub fn get(&self) -> Option<f64> {
         let v = f64::from_bits(self.0.load(Ordering::Relaxed));
         (v > 0.0 && v.is_finite()).then_some(v)

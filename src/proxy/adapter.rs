@@ -2,8 +2,10 @@
 //!
 //! Routing already priced the load (see [`crate::fleet::adapters`]); this makes it happen:
 //! `POST /v1/load_lora_adapter` on a vLLM engine that does not hold the adapter, after
-//! unloading its least recently used adapter not in use when the engine's adapter budget
-//! (`max_adapters`, else its slots) is full. Invariants: concurrent requests for one adapter on
+//! unloading its least recently used adapters not in use while the engine's adapter budget
+//! (`max_adapters`, else its slots, else vLLM's default of one) is full. A victim stops
+//! counting as held before its unload is sent, atomically with the in-flight count, so no
+//! request is sent to an adapter being unloaded. Invariants: concurrent requests for one adapter on
 //! one engine share one load (the first loads under the adapter's lock, the others find it
 //! held); an engine that answers as one without run-time loading is not asked again for a
 //! while and the request goes elsewhere; an engine that refuses the adapter itself (a path
@@ -124,18 +126,18 @@ fn judge(
     )))
 }
 
-/// Unload the engine's least recently used adapter not in use when its budget is full. Best
-/// effort: an engine that keeps it only holds more than the budget.
+/// Unload the engine's least recently used adapters not in use until one more fits its budget.
+/// Best effort: an engine that keeps one only holds more than the budget (and a request for
+/// it finds it missing and loads it, which the engine answers "already loaded").
 async fn make_room(backend: &Backend) {
     let held = backend.state.adapters();
-    let budget = backend
-        .config
-        .max_adapters
-        .or_else(|| held.max_lora())
-        .map_or(usize::MAX, |n| n as usize);
-    let Some(victim) = held.victim(budget) else {
-        return;
-    };
+    let budget = held.budget(backend.config.max_adapters);
+    for victim in held.take_victims(budget) {
+        unload(backend, &victim).await;
+    }
+}
+
+async fn unload(backend: &Backend, victim: &str) {
     let body = serde_json::json!({ "lora_name": victim });
     let answer = tokio::time::timeout(
         LOAD_TIMEOUT,
@@ -147,10 +149,8 @@ async fn make_room(backend: &Backend) {
         ),
     )
     .await;
-    // 404: the engine no longer holds it either way
     if let Ok(Ok((status, _))) = answer {
-        if status.is_success() || status == StatusCode::NOT_FOUND {
-            held.unloaded(&victim);
+        if status.is_success() {
             m::adapter_unload(backend.name());
         }
     }

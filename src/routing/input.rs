@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::score;
+use crate::fleet::adapters::Setup;
 use crate::fleet::kv::Prompt;
 use crate::fleet::Backend;
 
@@ -58,7 +59,7 @@ impl RouteInput {
         score::Request {
             prompt_tokens: self.prompt_tokens.min(self.tokens),
             output_tokens: self.tokens.saturating_sub(self.prompt_tokens),
-            setup_seconds: 0.0,
+            setup: Setup::Ready,
         }
     }
 
@@ -66,15 +67,15 @@ impl RouteInput {
     /// KV events; otherwise the whole prompt), after its adapter is loaded or swapped in.
     pub(super) fn request_on(&self, b: &Backend) -> score::Request {
         let cold = self.score_request();
-        let setup_seconds = self
+        let setup = self
             .adapter
             .as_deref()
-            .map_or(0.0, |a| b.state.adapters().setup_seconds(a));
+            .map_or(Setup::Ready, |a| b.state.adapters().setup(a));
         let cached = self.cached_on(b).unwrap_or(0);
         score::Request {
             prompt_tokens: cold.prompt_tokens - cached.min(cold.prompt_tokens),
             output_tokens: cold.output_tokens,
-            setup_seconds,
+            setup,
         }
     }
 
@@ -86,7 +87,7 @@ impl RouteInput {
         score::Request {
             prompt_tokens: cold.prompt_tokens - prefix,
             output_tokens: cold.output_tokens,
-            setup_seconds: 0.0,
+            setup: Setup::Ready,
         }
     }
 }

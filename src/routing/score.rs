@@ -35,6 +35,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::config::BackendKind;
+use crate::fleet::adapters::{Setup, PRIOR_LOAD_SECONDS};
 use crate::fleet::backend::monotonic_ms;
 use crate::fleet::Backend;
 
@@ -65,8 +66,9 @@ fn default_slots(kind: BackendKind) -> f64 {
 pub struct Request {
     pub prompt_tokens: u64,
     pub output_tokens: u64,
-    /// Seconds before this backend can start it at all (a LoRA adapter to load or swap in).
-    pub setup_seconds: f64,
+    /// What this backend must do before it can start it at all (a LoRA adapter to load or
+    /// swap in).
+    pub setup: Setup,
 }
 
 /// Relative distance below the candidates' fastest measured speed (prefill or decode) within
@@ -83,6 +85,10 @@ pub struct Prior {
     pub prefill_top: Option<f64>,
     /// The fastest of the candidates' measured decode speeds (two measured at least).
     pub decode_top: Option<f64>,
+    /// The shortest adapter load measured on the candidates: the price of a load on one not
+    /// measured yet, so it is not priced out by the engine that happened to load first (which
+    /// would then swap adapters alone while the other idles).
+    pub load_seconds: Option<f64>,
 }
 
 /// The largest measured value of `f` over `backends`, when two at least are measured.
@@ -115,6 +121,10 @@ impl Prior {
             decode_tps: fastest(&|b| b.state.speeds().decode_tps.get(), PRIOR_DECODE_TPS),
             prefill_top: top(backends, |b| b.state.speeds().prefill_tps.get()),
             decode_top: top(backends, |b| b.state.speeds().decode_tps.get()),
+            load_seconds: backends
+                .iter()
+                .filter_map(|b| b.state.adapters().load_seconds())
+                .reduce(f64::min),
         }
     }
 }
@@ -243,8 +253,13 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     let wait_seconds = queued_ahead * remaining / slots;
     let pending_prefill_seconds = pending_tokens / prefill_tps;
     let prefill_seconds = req.prompt_tokens as f64 / prefill_tps;
-    let ttft_seconds =
-        req.setup_seconds.max(0.0) + wait_seconds + pending_prefill_seconds + prefill_seconds;
+    let setup_seconds = match req.setup {
+        Setup::Ready => 0.0,
+        Setup::Load { measured } => measured
+            .or(prior.load_seconds)
+            .unwrap_or(PRIOR_LOAD_SECONDS),
+    };
+    let ttft_seconds = setup_seconds + wait_seconds + pending_prefill_seconds + prefill_seconds;
     let decode_seconds = req.output_tokens as f64 / decode_now;
 
     let mut penalty_seconds = 0.0;
@@ -352,7 +367,7 @@ pub fn admin_view(b: &Backend) -> serde_json::Value {
         Request {
             prompt_tokens: 1000,
             output_tokens: 200,
-            setup_seconds: 0.0,
+            setup: Setup::Ready,
         },
         Prior::of(&[b]),
     );
@@ -428,13 +443,14 @@ mod tests {
     const REQ: Request = Request {
         prompt_tokens: 1000,
         output_tokens: 100,
-        setup_seconds: 0.0,
+        setup: Setup::Ready,
     };
     const PRIOR: Prior = Prior {
         prefill_tps: 1000.0,
         decode_tps: 50.0,
         prefill_top: None,
         decode_top: None,
+        load_seconds: None,
     };
 
     fn measure(b: &Backend, decode_tps: f64) {
@@ -509,6 +525,35 @@ mod tests {
         assert!((s(&slow).prefill_seconds - 1000.0 / 1500.0).abs() < 1e-6);
     }
 
+    /// A load is priced at the engine's own measured load time, else the shortest measured on
+    /// the candidates, else the fixed prior: an engine that never loaded is not priced out by
+    /// the one that happened to load first.
+    #[test]
+    fn an_engine_that_never_loaded_pays_the_candidates_shortest_load() {
+        let (a, b) = (
+            backend(BackendKind::Vllm, None),
+            backend(BackendKind::Vllm, None),
+        );
+        let req = |x: &Backend| Request {
+            setup: x.state.adapters().setup("x"),
+            ..REQ
+        };
+        let ttft = |x: &Backend, prior| breakdown(x, "m", req(x), prior).ttft_seconds;
+        let base = breakdown(&a, "m", REQ, Prior::of(&[&a, &b])).ttft_seconds;
+        assert!((ttft(&a, Prior::of(&[&a, &b])) - base - PRIOR_LOAD_SECONDS).abs() < 1e-9);
+        a.state
+            .adapters()
+            .loaded("y", "m", Duration::from_millis(20));
+        let prior = Prior::of(&[&a, &b]);
+        assert!((ttft(&a, prior) - base - 0.02).abs() < 1e-9);
+        assert!((ttft(&b, prior) - base - 0.02).abs() < 1e-9);
+        // held and no slot information: ready
+        a.state
+            .adapters()
+            .loaded("x", "m", Duration::from_millis(20));
+        assert!((ttft(&a, prior) - base).abs() < 1e-9);
+    }
+
     /// An idle engine measured slow a while ago is retried on its decode speed (the fleet's
     /// best), not its prefill speed: a long cold prompt is not the request that pays for it.
     #[test]
@@ -540,7 +585,7 @@ mod tests {
         let long = Request {
             prompt_tokens: 20_000,
             output_tokens: 100,
-            setup_seconds: 0.0,
+            setup: Setup::Ready,
         };
         let (f, s) = (
             breakdown(&fast, "m", long, prior),

@@ -56,38 +56,61 @@ fn the_latest_lora_requests_info_series_is_the_state() {
 }
 
 #[test]
-fn setup_costs_a_load_when_missing_or_when_every_slot_runs_another() {
+fn setup_is_a_load_when_missing_or_when_every_slot_runs_another() {
     let a = Adapters::default();
-    assert_eq!(a.setup_seconds("a0"), PRIOR_LOAD_SECONDS);
+    assert_eq!(a.setup("a0"), Setup::Load { measured: None });
     a.loaded("a0", "tiny", Duration::from_millis(200));
     a.loaded("a1", "tiny", Duration::from_millis(200));
     assert!((a.load_seconds().unwrap() - 0.2).abs() < 1e-9);
-    // held, slots unknown: free
-    assert_eq!(a.setup_seconds("a0"), 0.0);
+    let load = Setup::Load {
+        measured: a.load_seconds(),
+    };
+    // held, slots unknown: ready
+    assert_eq!(a.setup("a0"), Setup::Ready);
     a.observe_metrics(&prom::parse(
         "vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"a1\",waiting_lora_adapters=\"\"} 1\n",
     ));
-    // a1 runs in the only slot: a0 must swap in, a1 is free, a2 must load
-    assert!((a.setup_seconds("a0") - 0.2).abs() < 1e-9);
-    assert_eq!(a.setup_seconds("a1"), 0.0);
-    assert!((a.setup_seconds("a2") - 0.2).abs() < 1e-9);
+    // a1 runs in the only slot: a0 must swap in, a1 is ready, a2 must load
+    assert_eq!(a.setup("a0"), load);
+    assert_eq!(a.setup("a1"), Setup::Ready);
+    assert_eq!(a.setup("a2"), load);
 }
 
 #[test]
-fn the_victim_is_the_least_recently_used_adapter_not_in_use() {
+fn victims_are_the_least_recently_used_adapters_not_in_use_and_stop_counting_at_once() {
     let a = Arc::new(Adapters::default());
     a.loaded("a0", "tiny", Duration::from_millis(10));
     a.loaded("a1", "tiny", Duration::from_millis(10));
-    assert_eq!(a.victim(3), None, "room left");
+    assert!(a.take_victims(3).is_empty(), "room left for one more");
     let use_a0 = a.begin("a0");
-    // a0 is in use, so a1 goes even though a0 was used longer ago before this request
-    assert_eq!(a.victim(2).as_deref(), Some("a1"));
+    // a0 is in use, so a1 goes; from then on it is not held (a request would load it again)
+    assert_eq!(a.take_victims(2), vec!["a1".to_string()]);
+    assert!(!a.holds("a1"));
+    a.loaded("a1", "tiny", Duration::from_millis(10));
     let use_a1 = a.begin("a1");
-    assert_eq!(a.victim(2), None, "every held adapter is in use");
+    assert!(a.take_victims(2).is_empty(), "every held adapter is in use");
     drop(use_a0);
-    assert_eq!(a.victim(2).as_deref(), Some("a0"));
+    // down to a budget of one: both idle ones would go, but a1 is in use
+    assert_eq!(a.take_victims(1), vec!["a0".to_string()]);
     drop(use_a1);
+    a.loaded("a2", "tiny", Duration::from_millis(10));
+    a.loaded("a3", "tiny", Duration::from_millis(10));
+    // three held, budget one: all three go to make room for the next
+    assert_eq!(a.take_victims(1).len(), 3);
+    assert!(a.held().is_empty());
     assert_eq!(a.view().iter().map(|v| v.inflight).sum::<u32>(), 0);
+}
+
+#[test]
+fn the_budget_is_configured_else_the_engines_slots_else_one() {
+    let a = Adapters::default();
+    assert_eq!(a.budget(None), DEFAULT_SLOTS as usize);
+    assert_eq!(a.budget(Some(4)), 4);
+    a.observe_metrics(&prom::parse(
+        "vllm:lora_requests_info{max_lora=\"3\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1\n",
+    ));
+    assert_eq!(a.budget(None), 3);
+    assert_eq!(a.budget(Some(2)), 2);
 }
 
 #[test]
