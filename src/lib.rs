@@ -28,11 +28,13 @@
 //!     prefix-affinity.
 //! 13. [`gateway`]: the shared state (live config snapshot, fleet, router, limits, queue).
 //! 14. [`proxy`]: one request's path: attempts, failover, the streaming observer.
-//! 15. [`server`]: accept loop, HTTP/1.1 + HTTP/2, routes, listener TLS, graceful drain.
-//! 16. [`app`]: the composition root: the one build-and-serve path, the config reload watcher.
-//! 17. [`plan`]: `sluice plan`, capacity planning: the fleet in virtual time, routed by
+//! 15. [`batch`]: the OpenAI Files and Batches APIs: files and job state on disk, batch lines
+//!     run through [`proxy`] on the fleet's idle capacity.
+//! 16. [`server`]: accept loop, HTTP/1.1 + HTTP/2, routes, listener TLS, graceful drain.
+//! 17. [`app`]: the composition root: the one build-and-serve path, the config reload watcher.
+//! 18. [`plan`]: `sluice plan`, capacity planning: the fleet in virtual time, routed by
 //!     [`routing`].
-//! 18. [`demo`]: `sluice demo`, a gateway in front of an embedded simulated fleet.
+//! 19. [`demo`]: `sluice demo`, a gateway in front of an embedded simulated fleet.
 //!
 //! Standalone: [`sim`], the backend simulator behind `sluice sim` and `sluice demo` (names
 //! only layer 1: [`telemetry`], [`batching`], [`kvevents`], [`tokenizer`]).
@@ -47,6 +49,7 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod batch;
 pub mod batching;
 pub mod config;
 pub mod demo;

@@ -44,6 +44,28 @@ pub fn field_span(
     boundary: &str,
     name: &str,
 ) -> Result<Option<Range<usize>>, FormError> {
+    Ok(part(body, boundary, name)?.map(|(_, value)| value))
+}
+
+/// The `filename` of the first part named `name` (`Ok(None)`: no such part, or it has none).
+pub fn field_filename(
+    body: &[u8],
+    boundary: &str,
+    name: &str,
+) -> Result<Option<String>, FormError> {
+    let Some((heads, _)) = part(body, boundary, name)? else {
+        return Ok(None);
+    };
+    let heads = body.get(heads).unwrap_or_default();
+    Ok(disposition_param(heads, b"filename").map(|v| String::from_utf8_lossy(v).into_owned()))
+}
+
+/// The byte spans of the headers and of the value of the first part named `name`.
+fn part(
+    body: &[u8],
+    boundary: &str,
+    name: &str,
+) -> Result<Option<(Range<usize>, Range<usize>)>, FormError> {
     let delim = format!("--{boundary}");
     let next_delim = format!("\r\n--{boundary}");
     let mut at = match body.starts_with(delim.as_bytes()) {
@@ -60,11 +82,11 @@ pub fn field_span(
         let line_end = find(body, b"\r\n", after).ok_or(FormError::Malformed)?;
         let heads_end = find(body, b"\r\n\r\n", line_end).ok_or(FormError::Malformed)?;
         // (a part without headers has its blank line right after the delimiter's line)
-        let heads = body.get(line_end + 2..heads_end).unwrap_or_default();
+        let heads = (line_end + 2).min(heads_end)..heads_end;
         let start = heads_end + 4;
         let end = find(body, next_delim.as_bytes(), start).ok_or(FormError::Malformed)?;
-        if part_name(heads) == Some(name.as_bytes()) {
-            return Ok(Some(start..end));
+        if part_name(body.get(heads.clone()).unwrap_or_default()) == Some(name.as_bytes()) {
+            return Ok(Some((heads, start..end)));
         }
         at = end + 2;
     }
@@ -72,17 +94,22 @@ pub fn field_span(
 
 /// The `name` parameter of a part's `Content-Disposition: form-data` header.
 fn part_name(heads: &[u8]) -> Option<&[u8]> {
+    disposition_param(heads, b"name")
+}
+
+/// The parameter `param` of a part's `Content-Disposition: form-data` header.
+fn disposition_param<'a>(heads: &'a [u8], param: &[u8]) -> Option<&'a [u8]> {
     heads.split(|b| *b == b'\n').find_map(|line| {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let colon = line.iter().position(|b| *b == b':')?;
         if !line[..colon].eq_ignore_ascii_case(b"content-disposition") {
             return None;
         }
-        line[colon + 1..].split(|b| *b == b';').find_map(|param| {
-            let eq = param.iter().position(|b| *b == b'=')?;
-            let key = param[..eq].trim_ascii();
-            let value = param[eq + 1..].trim_ascii();
-            key.eq_ignore_ascii_case(b"name").then(|| {
+        line[colon + 1..].split(|b| *b == b';').find_map(|p| {
+            let eq = p.iter().position(|b| *b == b'=')?;
+            let key = p[..eq].trim_ascii();
+            let value = p[eq + 1..].trim_ascii();
+            key.eq_ignore_ascii_case(param).then(|| {
                 value
                     .strip_prefix(b"\"")
                     .and_then(|v| v.strip_suffix(b"\""))
@@ -112,6 +139,11 @@ mod tests {
         let span = field_span(BODY, "XyZ", "file").unwrap().unwrap();
         assert_eq!(&BODY[span], b"RIFF--XyZ");
         assert_eq!(field_span(BODY, "XyZ", "language"), Ok(None));
+        assert_eq!(
+            field_filename(BODY, "XyZ", "file"),
+            Ok(Some("model".into()))
+        );
+        assert_eq!(field_filename(BODY, "XyZ", "model"), Ok(None));
     }
 
     #[test]

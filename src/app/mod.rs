@@ -145,11 +145,44 @@ pub async fn serve_gateway(
         let limits = server::ListenerLimits::admin(&gw.runtime().config);
         tokio::spawn(server::serve(l, app, limits, wait(stop_rx.clone()), grace))
     });
-    let app = server::routes::api(gw.clone(), admin_task.is_none());
+    let (batches, runner) = start_batches(&gw, stop_rx.clone()).await;
+    let app = server::routes::api(gw.clone(), admin_task.is_none(), batches);
     let limits = server::ListenerLimits::client(&gw.runtime().config.server);
     server::serve_with_tls(listener, app, tls, limits, wait(stop_rx), grace).await;
     if let Some(t) = admin_task {
         let _ = t.await;
+    }
+    if let Some(r) = runner {
+        let _ = r.await;
+    }
+}
+
+/// With `[batch]`: its store opened and its runner started (stopped with the listeners).
+/// A store that cannot be opened leaves the Files and Batches APIs off, with an error log.
+async fn start_batches(
+    gw: &Arc<Gateway>,
+    stop: watch::Receiver<bool>,
+) -> (
+    Option<Arc<crate::batch::Batches>>,
+    Option<tokio::task::JoinHandle<()>>,
+) {
+    let Some(config) = gw.runtime().config.batch.clone() else {
+        return (None, None);
+    };
+    let opened = tokio::task::spawn_blocking(move || crate::batch::Batches::open(&config)).await;
+    match opened {
+        Ok(Ok(b)) => {
+            let runner = tokio::spawn(crate::batch::run(b.clone(), gw.clone(), stop));
+            (Some(b), Some(runner))
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "[batch] is off: its folder cannot be opened");
+            (None, None)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "[batch] is off");
+            (None, None)
+        }
     }
 }
 

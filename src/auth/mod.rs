@@ -58,6 +58,24 @@ impl Identity {
     }
 }
 
+/// A request the gateway makes itself on behalf of a key it authenticated before (a batch's
+/// line runs as the key that created the batch). It travels only in a request's
+/// `http::Extensions`, which only the gateway's own code can fill: no header, nothing a client
+/// sends, can carry it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActingAs {
+    key: String,
+}
+
+impl ActingAs {
+    /// On behalf of the key named `key` (its `[[keys]] name`; `anonymous` on an open gateway).
+    pub fn key(key: &str) -> ActingAs {
+        ActingAs {
+            key: key.to_string(),
+        }
+    }
+}
+
 /// The keys of one config snapshot.
 #[derive(Debug, Default)]
 pub struct KeyStore {
@@ -78,6 +96,43 @@ impl KeyStore {
     /// No keys configured: anyone may call.
     pub fn is_open(&self) -> bool {
         self.by_hash.is_empty()
+    }
+
+    /// The identity of a request: the key named by its [`ActingAs`] extension when the gateway
+    /// made it, else the key its headers present ([`KeyStore::authenticate`]).
+    pub fn authenticate_request(
+        &self,
+        headers: &HeaderMap,
+        extensions: &http::Extensions,
+    ) -> Result<Identity, ApiError> {
+        match extensions.get::<ActingAs>() {
+            Some(acting) => self.acting_as(acting),
+            None => self.authenticate(headers),
+        }
+    }
+
+    /// The identity of the key `acting` names, as it is configured now: a key since removed,
+    /// disabled or expired is refused as a presented one would be.
+    fn acting_as(&self, acting: &ActingAs) -> Result<Identity, ApiError> {
+        if self.is_open() {
+            return Ok(Identity::anonymous());
+        }
+        let k = self
+            .by_hash
+            .values()
+            .find(|k| k.name == acting.key)
+            .ok_or_else(|| unauthorized("The API key that created this batch no longer exists."))?;
+        if k.disabled {
+            return Err(unauthorized("This API key has been disabled."));
+        }
+        if k.expires_at.is_some_and(|t| t <= SystemTime::now()) {
+            return Err(unauthorized("This API key has expired."));
+        }
+        Ok(Identity {
+            key: k.name.clone(),
+            tenant: k.tenant.clone(),
+            config: Some(k.clone()),
+        })
     }
 
     /// The identity behind the request's key.
@@ -188,6 +243,43 @@ mod tests {
             h.insert(*k, v.parse().unwrap());
         }
         h
+    }
+
+    #[test]
+    fn acting_as_comes_from_extensions_only_and_follows_the_key() {
+        let (s, key) = store("");
+        let mut ext = http::Extensions::new();
+        // no header: refused as any keyless request
+        assert!(s.authenticate_request(&HeaderMap::new(), &ext).is_err());
+        ext.insert(ActingAs::key("alice"));
+        let id = s.authenticate_request(&HeaderMap::new(), &ext).unwrap();
+        assert_eq!((id.key.as_str(), id.tenant.as_str()), ("alice", "alice"));
+        // a header cannot name a key to act as
+        let h = headers(&[("authorization", "Bearer alice".into())]);
+        assert!(s
+            .authenticate_request(&h, &http::Extensions::new())
+            .is_err());
+        let ok = headers(&[("authorization", format!("Bearer {key}"))]);
+        assert!(s
+            .authenticate_request(&ok, &http::Extensions::new())
+            .is_ok());
+        let mut gone = http::Extensions::new();
+        gone.insert(ActingAs::key("bob"));
+        let e = s
+            .authenticate_request(&HeaderMap::new(), &gone)
+            .unwrap_err();
+        assert_eq!(e.status, StatusCode::UNAUTHORIZED);
+        let (disabled, _) = store("disabled = true");
+        assert!(disabled
+            .authenticate_request(&HeaderMap::new(), &ext)
+            .is_err());
+        let open = KeyStore::default();
+        assert_eq!(
+            open.authenticate_request(&HeaderMap::new(), &gone)
+                .unwrap()
+                .key,
+            "anonymous"
+        );
     }
 
     #[test]

@@ -52,6 +52,8 @@ pub struct FileConfig {
     pub reload: ReloadSection,
     /// A privacy-safe workload trace for `sluice plan` (off unless present).
     pub trace: Option<TraceSection>,
+    /// The Files and Batches APIs (off unless present).
+    pub batch: Option<BatchSection>,
     /// Pass-through rules: other paths under `/v1/` forwarded as they are.
     #[serde(default)]
     pub passthrough: Vec<PassthroughSection>,
@@ -66,6 +68,21 @@ pub struct FileConfig {
 #[serde(deny_unknown_fields)]
 pub struct TraceSection {
     pub path: String,
+}
+
+/// `[batch]`: the OpenAI Files and Batches APIs, with uploaded files and job state kept in
+/// `dir`, and batch lines run on the fleet's idle capacity.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSection {
+    /// The folder of uploaded files and job state (created when missing).
+    pub dir: String,
+    /// Largest uploaded file in bytes (default 100 MiB); a larger upload gets 413.
+    pub max_file_bytes: Option<u64>,
+    /// Most request lines in one batch's input file (default 50000).
+    pub max_lines: Option<u64>,
+    /// Batch lines in flight at once over all batches (default 4).
+    pub max_in_flight: Option<u64>,
 }
 
 /// `[[passthrough]]`: requests whose path starts with `prefix` are forwarded as they are,

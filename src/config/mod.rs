@@ -14,9 +14,9 @@ pub mod runtime;
 pub mod validate;
 
 pub use runtime::{
-    AdapterConfig, AdminConfig, BackendConfig, BackendKind, BackendTlsConfig, Config, HealthConfig,
-    KeyConfig, KvEvents, ModelConfig, PassTarget, PassthroughRule, PolicyKind, ReloadConfig,
-    RoutingConfig, ServerConfig, Timeouts, TlsConfig,
+    AdapterConfig, AdminConfig, BackendConfig, BackendKind, BackendTlsConfig, BatchConfig, Config,
+    HealthConfig, KeyConfig, KvEvents, ModelConfig, PassTarget, PassthroughRule, PolicyKind,
+    ReloadConfig, RoutingConfig, ServerConfig, Timeouts, TlsConfig,
 };
 
 use std::path::Path;

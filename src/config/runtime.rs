@@ -63,6 +63,22 @@ pub struct Config {
     /// `[trace] path`: where the workload trace is appended (`None`: no trace). Read at
     /// start-up; a reload does not change it.
     pub trace: Option<PathBuf>,
+    /// `[batch]`: the Files and Batches APIs (`None`: off). Read at start-up; a reload does
+    /// not change it.
+    pub batch: Option<BatchConfig>,
+}
+
+/// `[batch]`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// Where uploaded files and job state live.
+    pub dir: PathBuf,
+    /// Largest uploaded file in bytes.
+    pub max_file_bytes: usize,
+    /// Most request lines in one batch.
+    pub max_lines: usize,
+    /// Batch lines in flight at once, over all batches.
+    pub max_in_flight: usize,
 }
 
 /// `[tls]`, checked: the files existed and parsed when the config was validated.

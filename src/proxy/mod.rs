@@ -233,7 +233,9 @@ async fn prepare(
     record: &mut AccessRecord,
 ) -> Result<Step, ApiError> {
     let config = &rt.config;
-    let identity = rt.keys.authenticate(req.headers())?;
+    let identity = rt
+        .keys
+        .authenticate_request(req.headers(), req.extensions())?;
     record.tenant = identity.tenant.clone();
     let boundary = match api.body_form() {
         BodyForm::Json => check_content_type(req.headers()).map(|()| None)?,

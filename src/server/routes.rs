@@ -29,6 +29,7 @@ use serde_json::json;
 
 use super::admin_auth::{ops_exposed_without_token, AdminAuth, AdminRefusal};
 use crate::api::{self as client_api, ClientApi};
+use crate::batch::Batches;
 use crate::fleet::{BackendView, Health};
 use crate::gateway::Gateway;
 use crate::openai::ApiError;
@@ -36,8 +37,9 @@ use crate::proxy;
 use crate::proxy::stored::Call;
 use crate::telemetry::metrics as m;
 
-/// The client-facing router (plus operations, unless `with_ops` is false).
-pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
+/// The client-facing router (plus operations, unless `with_ops` is false; plus the Files and
+/// Batches APIs when `batches` is given).
+pub fn api(gw: Arc<Gateway>, with_ops: bool, batches: Option<Arc<Batches>>) -> Router {
     let mut r = Router::new()
         .route(client_api::CHAT.path(), inference(client_api::CHAT))
         .route(
@@ -93,6 +95,9 @@ pub fn api(gw: Arc<Gateway>, with_ops: bool) -> Router {
         .route("/v1/models/{*id}", get(get_model))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz));
+    if let Some(b) = batches {
+        r = r.merge(batch_routes(b));
+    }
     if with_ops {
         let rt = gw.runtime();
         if ops_exposed_without_token(&rt.config) {
@@ -234,6 +239,45 @@ fn finish(r: Router<Arc<Gateway>>, gw: Arc<Gateway>) -> Router {
 /// The route of one client API: `POST` its path through the request path.
 fn inference(api: &'static dyn ClientApi) -> MethodRouter<Arc<Gateway>> {
     post(move |State(gw): State<Arc<Gateway>>, req: Request<Body>| proxy::handle(gw, api, req))
+}
+
+/// `/v1/files` and `/v1/batches` ([`crate::batch::http`]).
+fn batch_routes(b: Arc<Batches>) -> Router<Arc<Gateway>> {
+    use crate::batch::http::{batches, files, Ctx};
+    let ctx = move |b: &Arc<Batches>, gw: Arc<Gateway>| Ctx {
+        batches: b.clone(),
+        gw,
+    };
+    macro_rules! plain {
+        ($f:path) => {{
+            let b = b.clone();
+            move |State(gw): State<Arc<Gateway>>, req: Request<Body>| $f(ctx(&b, gw), req)
+        }};
+    }
+    macro_rules! with_id {
+        ($f:path) => {{
+            let b = b.clone();
+            move |State(gw): State<Arc<Gateway>>, Path(id): Path<String>, req: Request<Body>| {
+                $f(ctx(&b, gw), id, req)
+            }
+        }};
+    }
+    Router::new()
+        .route(
+            "/v1/files",
+            post(plain!(files::create)).get(plain!(files::list)),
+        )
+        .route(
+            "/v1/files/{id}",
+            get(with_id!(files::retrieve)).delete(with_id!(files::delete)),
+        )
+        .route("/v1/files/{id}/content", get(with_id!(files::content)))
+        .route(
+            "/v1/batches",
+            post(plain!(batches::create)).get(plain!(batches::list)),
+        )
+        .route("/v1/batches/{id}", get(with_id!(batches::retrieve)))
+        .route("/v1/batches/{id}/cancel", post(with_id!(batches::cancel)))
 }
 
 /// One call on a stored object of `api`, sent to the backend its id names.

@@ -265,6 +265,17 @@ pub const BACKEND_DECODE_TOKENS_PER_SECOND: &str = "sluice_backend_decode_tokens
 pub const BACKEND_PREFILL_TOKENS_PER_SECOND: &str = "sluice_backend_prefill_tokens_per_second";
 /// Routing decisions, by `policy` and chosen `backend`.
 pub const ROUTING_DECISIONS_TOTAL: &str = "sluice_routing_decisions_total";
+/// Batches created (`POST /v1/batches`).
+pub const BATCHES_CREATED_TOTAL: &str = "sluice_batches_created_total";
+/// Batch lines finished, by `outcome` (`completed`: a 2xx answer; `failed`: refused or an
+/// error answer, both in the error file).
+pub const BATCH_LINES_TOTAL: &str = "sluice_batch_lines_total";
+/// Batch lines put back to run later, by `reason` (`capacity`: 503; `limits`: 429).
+pub const BATCH_LINES_DEFERRED_TOTAL: &str = "sluice_batch_lines_deferred_total";
+/// Batch lines waiting to run, over all batches.
+pub const BATCH_LINES_QUEUED: &str = "sluice_batch_lines_queued";
+/// Batch lines running now.
+pub const BATCH_LINES_RUNNING: &str = "sluice_batch_lines_running";
 
 /// `2xx`, `4xx`, `5xx`.
 pub fn status_class(status: u16) -> &'static str {

@@ -9,6 +9,7 @@
 
 mod admin;
 mod backends;
+mod batch;
 mod health;
 mod keys;
 mod membership;
@@ -55,6 +56,10 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         p.push("trace.path", "must name a file");
     }
     let passthrough = passthrough::rules(&mut p, &f);
+    let batch = f
+        .batch
+        .as_ref()
+        .map(|b| batch::batch(&mut p, b, &passthrough));
     if !p.0.is_empty() {
         return Err(p.0);
     }
@@ -80,6 +85,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         passthrough,
         source: None,
         trace,
+        batch,
     })
 }
 

@@ -1,0 +1,315 @@
+//! Job state in an embedded database (redb): file records, batch records and each line's
+//! result, every change one ACID transaction made durable (fsync) before it returns.
+//!
+//! Invariants:
+//! - A line's result is written at most once: [`Store::record_line`] inserts it only when the
+//!   line has none, in the same transaction that counts it on its batch, so a line that ran
+//!   twice (in flight at a crash, run again after) is counted and kept once.
+//! - What a committed transaction wrote survives a crash of the process at any point
+//!   (redb's copy-on-write commit); what an unfinished one wrote is not seen.
+//!
+//! Every method blocks on the disk: callers run them off the async threads.
+
+use std::path::Path;
+
+use redb::{Database, ReadableTable, TableDefinition};
+
+use super::record::{BatchRecord, FileMeta};
+use super::BatchError;
+
+const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
+const BATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("batches");
+/// (batch id, line index) → the line's output line, after one byte: `o` (output file) or
+/// `e` (error file).
+const LINES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("lines");
+
+/// A line's recorded result.
+pub struct LineResult {
+    pub index: u64,
+    /// Goes to the output file (else the error file).
+    pub ok: bool,
+    pub line: Vec<u8>,
+}
+
+impl LineResult {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.line.len() + 1);
+        v.push(if self.ok { b'o' } else { b'e' });
+        v.extend_from_slice(&self.line);
+        v
+    }
+
+    fn decode(index: u64, raw: &[u8]) -> LineResult {
+        let (ok, line) = match raw.split_first() {
+            Some((b'o', rest)) => (true, rest),
+            Some((_, rest)) => (false, rest),
+            None => (false, raw),
+        };
+        LineResult {
+            index,
+            ok,
+            line: line.to_vec(),
+        }
+    }
+}
+
+/// The database of one `[batch] dir`.
+pub struct Store {
+    db: Database,
+}
+
+fn decode<T: serde::de::DeserializeOwned>(raw: &[u8]) -> Result<T, BatchError> {
+    serde_json::from_slice(raw).map_err(|e| BatchError::Corrupt(e.to_string()))
+}
+
+fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, BatchError> {
+    serde_json::to_vec(v).map_err(|e| BatchError::Corrupt(e.to_string()))
+}
+
+impl Store {
+    /// Open (or create) the database at `path`, with its tables.
+    pub fn open(path: &Path) -> Result<Store, BatchError> {
+        let db = Database::create(path).map_err(redb::Error::from)?;
+        let txn = db.begin_write().map_err(redb::Error::from)?;
+        {
+            txn.open_table(FILES).map_err(redb::Error::from)?;
+            txn.open_table(BATCHES).map_err(redb::Error::from)?;
+            txn.open_table(LINES).map_err(redb::Error::from)?;
+        }
+        txn.commit().map_err(redb::Error::from)?;
+        Ok(Store { db })
+    }
+
+    /// Run `f` in one write transaction and commit it.
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<T, BatchError>,
+    ) -> Result<T, BatchError> {
+        let txn = self.db.begin_write().map_err(redb::Error::from)?;
+        let out = f(&txn)?;
+        txn.commit().map_err(redb::Error::from)?;
+        Ok(out)
+    }
+
+    pub fn put_file(&self, meta: &FileMeta) -> Result<(), BatchError> {
+        let raw = encode(meta)?;
+        self.write(|txn| {
+            let mut t = txn.open_table(FILES).map_err(redb::Error::from)?;
+            t.insert(meta.id(), raw.as_slice())
+                .map_err(redb::Error::from)?;
+            Ok(())
+        })
+    }
+
+    pub fn file(&self, id: &str) -> Result<Option<FileMeta>, BatchError> {
+        let txn = self.db.begin_read().map_err(redb::Error::from)?;
+        let t = txn.open_table(FILES).map_err(redb::Error::from)?;
+        match t.get(id).map_err(redb::Error::from)? {
+            Some(raw) => Ok(Some(decode(raw.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every file record.
+    pub fn files(&self) -> Result<Vec<FileMeta>, BatchError> {
+        let txn = self.db.begin_read().map_err(redb::Error::from)?;
+        let t = txn.open_table(FILES).map_err(redb::Error::from)?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(redb::Error::from)? {
+            let (_, raw) = row.map_err(redb::Error::from)?;
+            out.push(decode(raw.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Remove a file record; whether there was one.
+    pub fn delete_file(&self, id: &str) -> Result<bool, BatchError> {
+        self.write(|txn| {
+            let mut t = txn.open_table(FILES).map_err(redb::Error::from)?;
+            let removed = t.remove(id).map_err(redb::Error::from)?.is_some();
+            Ok(removed)
+        })
+    }
+
+    pub fn put_batch(&self, b: &BatchRecord) -> Result<(), BatchError> {
+        let raw = encode(b)?;
+        self.write(|txn| {
+            let mut t = txn.open_table(BATCHES).map_err(redb::Error::from)?;
+            t.insert(b.id(), raw.as_slice())
+                .map_err(redb::Error::from)?;
+            Ok(())
+        })
+    }
+
+    pub fn batch(&self, id: &str) -> Result<Option<BatchRecord>, BatchError> {
+        let txn = self.db.begin_read().map_err(redb::Error::from)?;
+        let t = txn.open_table(BATCHES).map_err(redb::Error::from)?;
+        match t.get(id).map_err(redb::Error::from)? {
+            Some(raw) => Ok(Some(decode(raw.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every batch record.
+    pub fn batches(&self) -> Result<Vec<BatchRecord>, BatchError> {
+        let txn = self.db.begin_read().map_err(redb::Error::from)?;
+        let t = txn.open_table(BATCHES).map_err(redb::Error::from)?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(redb::Error::from)? {
+            let (_, raw) = row.map_err(redb::Error::from)?;
+            out.push(decode(raw.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Change a batch in one transaction (`None`: no such batch).
+    pub fn update_batch(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut BatchRecord),
+    ) -> Result<Option<BatchRecord>, BatchError> {
+        self.write(|txn| update(txn, id, f))
+    }
+
+    /// Record `results` of a batch's lines and apply `f` to the batch, in one transaction. A
+    /// line that has a result already keeps it and is not counted again; each new one is
+    /// counted ([`BatchRecord::count`]). `None`: no such batch (nothing written).
+    pub fn record_lines(
+        &self,
+        id: &str,
+        results: &[LineResult],
+        f: impl FnOnce(&mut BatchRecord),
+    ) -> Result<Option<BatchRecord>, BatchError> {
+        self.write(|txn| {
+            let known = txn.open_table(BATCHES).map_err(redb::Error::from)?;
+            if known.get(id).map_err(redb::Error::from)?.is_none() {
+                return Ok(None);
+            }
+            drop(known);
+            let mut fresh = Vec::new();
+            {
+                let mut t = txn.open_table(LINES).map_err(redb::Error::from)?;
+                for r in results {
+                    if t.get((id, r.index)).map_err(redb::Error::from)?.is_some() {
+                        continue;
+                    }
+                    t.insert((id, r.index), r.encode().as_slice())
+                        .map_err(redb::Error::from)?;
+                    fresh.push(r.ok);
+                }
+            }
+            update(txn, id, |b| {
+                for ok in fresh {
+                    b.count(ok);
+                }
+                f(b);
+            })
+        })
+    }
+
+    /// The indexes of a batch's lines that have a result.
+    pub fn done_lines(&self, id: &str) -> Result<std::collections::HashSet<u64>, BatchError> {
+        let mut done = std::collections::HashSet::new();
+        self.each_line(id, |r| {
+            done.insert(r.index);
+            Ok(())
+        })?;
+        Ok(done)
+    }
+
+    /// Each recorded line of a batch, in line order.
+    pub fn each_line(
+        &self,
+        id: &str,
+        mut f: impl FnMut(LineResult) -> Result<(), BatchError>,
+    ) -> Result<(), BatchError> {
+        let txn = self.db.begin_read().map_err(redb::Error::from)?;
+        let t = txn.open_table(LINES).map_err(redb::Error::from)?;
+        for row in t
+            .range((id, 0u64)..=(id, u64::MAX))
+            .map_err(redb::Error::from)?
+        {
+            let (k, v) = row.map_err(redb::Error::from)?;
+            f(LineResult::decode(k.value().1, v.value()))?;
+        }
+        Ok(())
+    }
+
+    /// The files a batch wrote and the change `f` to the batch, in one transaction.
+    pub fn finish(
+        &self,
+        id: &str,
+        files: &[FileMeta],
+        f: impl FnOnce(&mut BatchRecord),
+    ) -> Result<Option<BatchRecord>, BatchError> {
+        let metas: Vec<_> = files
+            .iter()
+            .map(|m| Ok((m.id().to_string(), encode(m)?)))
+            .collect::<Result<_, BatchError>>()?;
+        self.write(|txn| {
+            let mut t = txn.open_table(FILES).map_err(redb::Error::from)?;
+            for (id, raw) in &metas {
+                t.insert(id.as_str(), raw.as_slice())
+                    .map_err(redb::Error::from)?;
+            }
+            drop(t);
+            update(txn, id, f)
+        })
+    }
+}
+
+fn update(
+    txn: &redb::WriteTransaction,
+    id: &str,
+    f: impl FnOnce(&mut BatchRecord),
+) -> Result<Option<BatchRecord>, BatchError> {
+    let mut t = txn.open_table(BATCHES).map_err(redb::Error::from)?;
+    let mut b: BatchRecord = match t.get(id).map_err(redb::Error::from)? {
+        Some(raw) => decode(raw.value())?,
+        None => return Ok(None),
+    };
+    f(&mut b);
+    let raw = encode(&b)?;
+    t.insert(id, raw.as_slice()).map_err(redb::Error::from)?;
+    Ok(Some(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(index: u64, ok: bool) -> LineResult {
+        LineResult {
+            index,
+            ok,
+            line: format!("{{\"i\":{index}}}").into_bytes(),
+        }
+    }
+
+    #[test]
+    fn a_line_is_recorded_and_counted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("state.redb")).unwrap();
+        let mut b = BatchRecord::new("t", "k", "file-1", "/v1/completions", None);
+        b.start(3, None);
+        s.put_batch(&b).unwrap();
+        let id = b.id().to_string();
+        s.record_lines(&id, &[line(2, true)], |_| {}).unwrap();
+        s.record_lines(&id, &[line(0, false), line(2, false)], |_| {})
+            .unwrap();
+        let b = s.batch(&id).unwrap().unwrap();
+        assert_eq!((b.counts().completed, b.counts().failed), (1, 1));
+        let mut seen = Vec::new();
+        s.each_line(&id, |r| {
+            seen.push((r.index, r.ok));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, [(0, false), (2, true)]);
+        drop(s);
+        // reopened: the same state
+        let s = Store::open(&dir.path().join("state.redb")).unwrap();
+        assert_eq!(s.done_lines(&id).unwrap().len(), 2);
+        assert!(s.record_lines("nope", &[], |_| {}).unwrap().is_none());
+    }
+}
