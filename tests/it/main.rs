@@ -18,6 +18,7 @@ mod api_responses;
 mod api_stored;
 mod api_surface;
 mod api_translate;
+mod batch_api;
 mod cli;
 mod deploy_manifests;
 mod failover_fleet;
