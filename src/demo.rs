@@ -93,6 +93,10 @@ pub async fn run(
         ));
         handles.push(h);
     }
+    // The Files and Batches APIs, their files and job state in a folder of this run.
+    let batch_dir = std::env::temp_dir().join(format!("sluice-demo-{}", std::process::id()));
+    let dir = toml::Value::String(batch_dir.display().to_string());
+    toml.push_str(&format!("[batch]\ndir = {dir}\n\n"));
     let config = config::from_str(&toml, "demo")?;
     let addr = config.server.listen;
     let listener = TcpListener::bind(addr)
@@ -107,6 +111,7 @@ pub async fn run(
     for h in handles {
         h.shutdown().await;
     }
+    let _ = std::fs::remove_dir_all(&batch_dir);
     tokio::time::sleep(Duration::from_millis(10)).await;
     result.map_err(DemoError::from)
 }

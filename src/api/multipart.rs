@@ -60,12 +60,11 @@ pub fn field_filename(
     Ok(disposition_param(heads, b"filename").map(|v| String::from_utf8_lossy(v).into_owned()))
 }
 
+/// The byte spans of a part: its headers, then its value.
+type Spans = (Range<usize>, Range<usize>);
+
 /// The byte spans of the headers and of the value of the first part named `name`.
-fn part(
-    body: &[u8],
-    boundary: &str,
-    name: &str,
-) -> Result<Option<(Range<usize>, Range<usize>)>, FormError> {
+fn part(body: &[u8], boundary: &str, name: &str) -> Result<Option<Spans>, FormError> {
     let delim = format!("--{boundary}");
     let next_delim = format!("\r\n--{boundary}");
     let mut at = match body.starts_with(delim.as_bytes()) {

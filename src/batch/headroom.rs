@@ -13,7 +13,7 @@ use crate::routing::score::would_queue;
 
 /// Room for one line of `model` now.
 pub fn has_room(gw: &Gateway, model: Option<&str>) -> bool {
-    if gw.queue.len() > 0 {
+    if !gw.queue.is_empty() {
         return false;
     }
     let Some(model) = model else {
