@@ -387,6 +387,7 @@ async fn metrics(State(gw): State<Arc<Gateway>>, _: AdminAuth) -> Response {
     for b in &rt.fleet.backends {
         backend_gauges(b.view(rt.config.health.slow_start));
     }
+    adapter_gauges(&rt.fleet);
     let body = m::handle().render();
     (
         [(
@@ -420,6 +421,30 @@ fn backend_gauges(v: BackendView) {
             .set(if h == v.health { 1.0 } else { 0.0 });
     }
     kv_gauges(&name, &v.kv_cache);
+}
+
+/// `sluice_adapter_info{adapter,base} 1` for each adapter the fleet serves now (0 for one it
+/// served before and no longer does), so the per-model series of adapters add up per base model
+/// in a query (`* on(model) group_left(base)`, after renaming `adapter` to `model`).
+fn adapter_gauges(fleet: &crate::fleet::Fleet) {
+    // (the metrics registry is the process's, so what was set before is too)
+    static SEEN: std::sync::Mutex<Vec<[String; 2]>> = std::sync::Mutex::new(Vec::new());
+    let mut now: Vec<[String; 2]> = fleet
+        .models()
+        .into_iter()
+        .filter_map(|e| Some([e.id, e.parent?]))
+        .collect();
+    now.sort();
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    for [adapter, base] in seen.iter().filter(|p| !now.contains(p)) {
+        metrics::gauge!(m::ADAPTER_INFO, "adapter" => adapter.clone(), "base" => base.clone())
+            .set(0.0);
+    }
+    for [adapter, base] in &now {
+        metrics::gauge!(m::ADAPTER_INFO, "adapter" => adapter.clone(), "base" => base.clone())
+            .set(1.0);
+    }
+    *seen = now;
 }
 
 /// A vLLM backend's KV-index gauges (nothing for backends whose events are off).

@@ -64,6 +64,9 @@ pub const HEDGES_TOTAL: &str = "sluice_hedges_total";
 pub const ADAPTER_LOADS_TOTAL: &str = "sluice_adapter_loads_total";
 /// How long those loads took, by `backend`.
 pub const ADAPTER_LOAD_SECONDS: &str = "sluice_adapter_load_seconds";
+/// 1 for each LoRA adapter the fleet serves now, by `adapter` and its `base` model (0 once it
+/// no longer does): the join that adds an adapter's per-model series up to its base.
+pub const ADAPTER_INFO: &str = "sluice_adapter_info";
 /// LoRA adapters Sluice unloaded to make room, by `backend`.
 pub const ADAPTER_UNLOADS_TOTAL: &str = "sluice_adapter_unloads_total";
 /// Broken streams whose continuation on another backend was tried, by the `backend` whose

@@ -244,6 +244,12 @@ async fn models_list_each_adapter_once_with_its_base_and_allow_lists_name_them()
     }
     let base = data.iter().find(|m| m["id"] == MODEL).unwrap();
     assert!(base.get("parent").is_none());
+    // the join from an adapter's per-model series to its base
+    let text = g.metrics_text().await;
+    for name in ADAPTERS {
+        let series = format!("sluice_adapter_info{{adapter=\"{name}\",base=\"{MODEL}\"}}");
+        assert_eq!(metric(&text, &series), 1.0, "{series}");
+    }
 
     // a key allowed only a1: a1 answers, a0 and the base are refused, and its list shows a1
     let (status, _, _) = chat(&g, "sk-one", "a1").await;
