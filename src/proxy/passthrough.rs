@@ -25,7 +25,11 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use serde_json::value::RawValue;
 
-use super::{classify, headers, pick_and_claim, read_body, read_capped, Claimed};
+use super::attempt::{classify, read_capped, MAX_ERROR_BODY};
+use super::headers;
+use super::pick::{pick_and_claim, Claimed};
+use super::prepare::read_body;
+use super::settlement::take_record;
 use crate::api::{wire, Usage};
 use crate::auth::Identity;
 use crate::config::{Config, PassTarget, PassthroughRule};
@@ -269,7 +273,7 @@ async fn respond(
 ) -> Response {
     let status = a.resp.status();
     record.status = status.as_u16();
-    let mut settle = Settle::new(super::take_record(record));
+    let mut settle = Settle::new(take_record(record));
     settle.guard = Some(a.claimed.guard);
     settle.hooks.push(permit.into_hook());
     let (parts, body) = a.resp.into_parts();
@@ -280,7 +284,7 @@ async fn respond(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("application/json"));
     if json || !status.is_success() {
-        let limit = config.server.max_response_bytes.max(super::MAX_ERROR_BODY);
+        let limit = config.server.max_response_bytes.max(MAX_ERROR_BODY);
         let idle = a.backend.config.timeouts.idle;
         let bytes = match read_capped(body, limit, idle, a.deadline).await {
             Ok(b) => b,

@@ -28,7 +28,9 @@ use std::time::Duration;
 use crate::upstream::Body as Incoming;
 use http::header;
 
-use super::{headers, rewrite, Answer, Claimed, Prepared};
+use super::attempt::{rewrite, Answer};
+use super::pick::Claimed;
+use super::{headers, Prepared};
 use crate::api::translate::{self, Reply};
 use crate::api::BodyForm;
 use crate::config::Config;

@@ -33,9 +33,10 @@ use crate::upstream::Body as Incoming;
 use bytes::Bytes;
 use http::HeaderMap;
 
+use super::Prepared;
 use crate::api::continuation::{Continuation, Transcript};
 use crate::api::{ClientApi, Edits};
-use crate::config::{BackendKind, PolicyKind};
+use crate::config::{BackendKind, Config, PolicyKind};
 use crate::fleet::{Backend, LoadGuard};
 use crate::gateway::Gateway;
 use crate::openai::RequestFields;
@@ -155,6 +156,48 @@ pub(super) struct Continuer {
 }
 
 impl Continuer {
+    /// What continues this request's stream on another backend if it breaks after it was
+    /// committed (`routing.continue_streams`); `None` for an answer that is not
+    /// streamed, an API that cannot be continued, or a request pinned to one backend.
+    pub(super) fn for_request(
+        gw: &Arc<Gateway>,
+        config: &Config,
+        p: &Prepared,
+        tried: &[usize],
+        strip_usage: bool,
+        record: &AccessRecord,
+    ) -> Option<Continuer> {
+        if !config.routing.continue_streams || !p.streaming || p.pin.is_some() {
+            return None;
+        }
+        p.api.continuation()?;
+        // an adapter's stream continues only where the adapter is held: nothing is loaded mid-answer
+        let mut tried = tried.to_vec();
+        if let Some(a) = &p.resolved.adapter {
+            let candidates = &p.resolved.candidates;
+            let elsewhere: Vec<usize> = (0..candidates.len())
+                .filter(|&i| {
+                    !tried.contains(&i) && !candidates[i].0.state.adapters().holds(&a.name)
+                })
+                .collect();
+            tried.extend(elsewhere);
+        }
+        Some(Continuer {
+            gw: gw.clone(),
+            api: p.api,
+            body: p.body.clone(),
+            fields: p.fields.clone(),
+            candidates: p.resolved.candidates.clone(),
+            policy: p.policy,
+            input: p.input.clone(),
+            tenant: p.identity.tenant.clone(),
+            client_headers: p.client_headers.clone(),
+            request_id: record.request_id.clone(),
+            tried,
+            strip_usage,
+        })
+    }
+
     /// The observer's state for a stream of this request.
     pub(super) fn into_resume(self) -> Option<Resume<Incoming>> {
         let api = self.api.continuation()?;
@@ -184,7 +227,7 @@ impl Continuer {
                 tried.push(i);
             }
         }
-        let claimed = super::pick_or_wait(
+        let claimed = super::pick::pick_or_wait(
             &self.gw,
             config,
             self.policy,
@@ -222,10 +265,10 @@ impl Continuer {
             std::time::Instant::now(),
         );
         record.attempts = self.tried.len() as u32 + 1;
-        let resp = super::classify(config, backend, sent, false, deadline, &record)
+        let resp = super::attempt::classify(config, backend, sent, false, deadline, &record)
             .await
             .map_err(|e| e.message)?;
-        if !resp.status().is_success() || !super::is_sse(resp.headers()) {
+        if !resp.status().is_success() || !super::headers::is_sse(resp.headers()) {
             return Err(format!(
                 "backend `{}` answered the continuation with status {}",
                 backend.name(),

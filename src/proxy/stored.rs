@@ -24,9 +24,10 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 
+use super::attempt::{read_capped, MAX_ERROR_BODY};
+use super::headers;
 use super::observe::Redactor;
 use super::sse::{event_data_borrowed, lines, SseScanner};
-use super::{headers, read_capped, MAX_ERROR_BODY};
 use crate::api::{ClientApi, Edits, Pin};
 use crate::fleet::Backend;
 use crate::gateway::Gateway;
@@ -179,7 +180,7 @@ async fn call_holder(
         ..Edits::default()
     };
     let idle = backend.config.timeouts.idle;
-    if status.is_success() && super::is_sse(resp.headers()) {
+    if status.is_success() && headers::is_sse(resp.headers()) {
         record.stream = true;
         let (parts, body) = resp.into_parts();
         let relay = Relay::new(api, body, edits, idle);
