@@ -63,6 +63,9 @@ pub struct Config {
     /// `[trace] path`: where the workload trace is appended (`None`: no trace). Read at
     /// start-up; a reload does not change it.
     pub trace: Option<PathBuf>,
+    /// `[tracing]` and the `OTEL_*` environment: OpenTelemetry export (`None`: off). Read at
+    /// start-up; a reload does not change it.
+    pub tracing: Option<crate::telemetry::otel::Settings>,
 }
 
 /// `[tls]`, checked: the files existed and parsed when the config was validated.

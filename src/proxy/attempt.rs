@@ -93,17 +93,23 @@ pub(super) async fn attempt(
                 record.attempts = tried.len() as u32;
                 record.backend = Some(backend.name().to_string());
                 let deadline = copy.body_deadline;
+                let status = sent.as_ref().ok().map(|r| r.status().as_u16());
                 match classify(config, backend, sent, retries_left, deadline, record).await {
                     Ok(resp) => {
+                        copy.end_span(tried.len(), "answered", status, None);
                         rescue::cancel(p, &copies);
                         return Verdict::Answer(copy.answer(resp));
                     }
-                    Err(failure) => last = Some(failure),
+                    Err(failure) => {
+                        copy.end_span(tried.len(), "retried", status, Some(failure.label()));
+                        last = Some(failure);
+                    }
                 }
             }
             rescue::Waited::Withdrawn(health) => {
                 let copy = copies.swap_remove(i);
                 let backend = &p.resolved.candidates[copy.claimed.idx].0;
+                copy.end_span(tried.len(), "rescued", None, Some(health.as_str()));
                 last = Some(rescue::withdrawn(backend, health, &record.request_id));
             }
             rescue::Waited::Hung => {

@@ -78,8 +78,10 @@ use crate::limits::Permit;
 use crate::openai::{ApiError, RequestFields};
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
+use crate::telemetry::otel::{RequestTrace, Tracing};
 use attempt::{attempt, Verdict};
-use pick::{pick_native, pick_or_wait};
+use opentelemetry::KeyValue;
+use pick::pick;
 use prepare::{prepare, Step};
 use respond::{no_answer, respond};
 use settlement::finish_record;
@@ -90,6 +92,9 @@ pub async fn handle(gw: Arc<Gateway>, api: &'static dyn ClientApi, req: Request<
     let request_id = crate::telemetry::access::request_id(req.headers());
     let mut record = AccessRecord::new(request_id, api.label(), started);
     record.client = crate::telemetry::access::client_addr(req.extensions());
+    if let Some(otel) = &gw.otel {
+        record.trace = Some(server_span(otel, api, req.headers(), &record.request_id));
+    }
     let rt = gw.runtime();
     // (the connection's service puts the request id on the response, as on every response)
     match proxy(&gw, &rt, api, req, &mut record).await {
@@ -100,6 +105,32 @@ pub async fn handle(gw: Arc<Gateway>, api: &'static dyn ClientApi, req: Request<
             record.finish();
             api.error_response(err)
         }
+    }
+}
+
+/// The request's server span: a child of the client's `traceparent` when it sent one.
+fn server_span(
+    otel: &Tracing,
+    api: &dyn ClientApi,
+    headers: &HeaderMap,
+    request_id: &str,
+) -> RequestTrace {
+    let trace = otel.request(headers, format!("POST {}", api.path()));
+    trace.set([
+        KeyValue::new("gen_ai.operation.name", operation(api.label())),
+        KeyValue::new("http.request.method", "POST"),
+        KeyValue::new("url.path", api.path()),
+        KeyValue::new("sluice.request_id", request_id.to_string()),
+    ]);
+    trace
+}
+
+/// The GenAI conventions' `gen_ai.operation.name` of a client API (its label otherwise).
+fn operation(label: &'static str) -> &'static str {
+    match label {
+        "chat" | "chat_batch" | "messages" | "responses" => "chat",
+        "completions" => "text_completion",
+        other => other,
     }
 }
 
@@ -130,15 +161,7 @@ async fn proxy(
         if !tried.is_empty() && Instant::now() >= deadline {
             break;
         }
-        let candidates = &p.resolved.candidates;
-        let native_first = pick_native(gw, config, p, &tried);
-        let claimed = match native_first {
-            Some(claimed) => Ok(Some(claimed)),
-            None => {
-                let tenant = &p.identity.tenant;
-                pick_or_wait(gw, config, p.policy, candidates, &tried, &p.input, tenant).await
-            }
-        };
+        let claimed = pick(gw, config, p, &tried, record).await;
         let claimed = match claimed {
             Ok(Some(claimed)) => claimed,
             Ok(None) => break,

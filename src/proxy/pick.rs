@@ -18,7 +18,9 @@ use crate::fleet::{Backend, LoadGuard};
 use crate::gateway::Gateway;
 use crate::openai::ApiError;
 use crate::routing::{RouteInput, Router};
+use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
+use opentelemetry::KeyValue;
 
 /// How long clients are told to wait when no backend can take their request.
 pub(super) const NO_BACKEND_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -44,17 +46,71 @@ pub(super) struct Claimed {
     pub(super) _adapter: Option<crate::fleet::adapters::AdapterUse>,
 }
 
+/// The backend for the next attempt: a native one first when some candidates serve only by
+/// translation, else the policy's pick, waiting in the fair queue when all are at their cap.
+/// With tracing, one routing span: candidates, the chosen backend, what routing expected there.
+pub(super) async fn pick(
+    gw: &Gateway,
+    config: &Config,
+    p: &Prepared,
+    tried: &[usize],
+    record: &AccessRecord,
+) -> Result<Option<Claimed>, ApiError> {
+    let span = record.trace.as_ref().map(|t| t.phase("sluice.routing"));
+    let started = span.as_ref().map(|_| Instant::now());
+    let claimed = match pick_native(gw, config, p, tried) {
+        Some(claimed) => Ok(Some(claimed)),
+        None => {
+            let (candidates, tenant) = (&p.resolved.candidates, &p.identity.tenant);
+            pick_or_wait(gw, config, p.policy, candidates, tried, &p.input, tenant).await
+        }
+    };
+    if let (Some(span), Some(started)) = (span, started) {
+        span.set(routed(p, tried, &claimed, started.elapsed()));
+        if let Err(e) = &claimed {
+            span.fail(e.label());
+        }
+        span.end();
+    }
+    claimed
+}
+
+/// The routing span's attributes.
+fn routed(
+    p: &Prepared,
+    tried: &[usize],
+    claimed: &Result<Option<Claimed>, ApiError>,
+    took: Duration,
+) -> Vec<KeyValue> {
+    let mut attrs = vec![
+        KeyValue::new("sluice.routing.policy", p.policy.as_str()),
+        KeyValue::new(
+            "sluice.routing.candidates",
+            p.resolved.candidates.len() as i64,
+        ),
+        KeyValue::new("sluice.routing.tried", tried.len() as i64),
+        KeyValue::new("sluice.routing.wait_ms", took.as_secs_f64() * 1000.0),
+    ];
+    if let Ok(Some(c)) = claimed {
+        let backend = &p.resolved.candidates[c.idx].0;
+        attrs.push(KeyValue::new("sluice.backend", backend.name().to_string()));
+        attrs.push(KeyValue::new("sluice.routing.engine_queue", c.queued));
+        if let Some(cached) = c.cached {
+            attrs.push(KeyValue::new(
+                "sluice.routing.cached_prefix_tokens",
+                cached as i64,
+            ));
+        }
+    }
+    attrs
+}
+
 /// For a request some candidates serve only by translation: a backend that speaks its API
 /// natively, when one can take it now (it keeps every field, and stored state where the engine
 /// keeps it). `None`: no translation involved, or no native backend can take it now; the
 /// normal pick then chooses among all candidates, so translated backends take the overflow
 /// and the failover.
-pub(super) fn pick_native(
-    gw: &Gateway,
-    config: &Config,
-    p: &Prepared,
-    tried: &[usize],
-) -> Option<Claimed> {
+fn pick_native(gw: &Gateway, config: &Config, p: &Prepared, tried: &[usize]) -> Option<Claimed> {
     p.translation.as_ref()?;
     let candidates = &p.resolved.candidates;
     let mut excluded = tried.to_vec();

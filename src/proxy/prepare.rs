@@ -26,6 +26,7 @@ use crate::gateway::{Gateway, Runtime};
 use crate::openai::{ApiError, RequestFields};
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
+use opentelemetry::KeyValue;
 
 /// Everything before the first attempt: auth, content type, body, fields, allow-list,
 /// resolve, size, admission. Each step can refuse the request; none has sent anything.
@@ -70,6 +71,43 @@ pub(super) fn answer_locally(
 }
 
 pub(super) async fn prepare(
+    gw: &Gateway,
+    rt: &Runtime,
+    api: &'static dyn ClientApi,
+    req: Request<Body>,
+    record: &mut AccessRecord,
+) -> Result<Step, ApiError> {
+    let Some(span) = record.trace.as_ref().map(|t| t.phase("sluice.admission")) else {
+        return steps(gw, rt, api, req, record).await;
+    };
+    let step = steps(gw, rt, api, req, record).await;
+    match &step {
+        Ok(Step::Route(p)) => span.set(admitted(p)),
+        Ok(Step::Answered(_)) => span.set([KeyValue::new("sluice.answered_locally", true)]),
+        Err(e) => span.fail(e.label()),
+    }
+    span.end();
+    step
+}
+
+/// The admission span's attributes: who, which model, how large (never the prompt).
+fn admitted(p: &Prepared) -> Vec<KeyValue> {
+    let mut attrs = vec![
+        KeyValue::new("sluice.tenant", p.identity.tenant.clone()),
+        KeyValue::new("gen_ai.request.model", p.fields.model.clone()),
+        KeyValue::new("sluice.model", p.resolved.canonical.clone()),
+        KeyValue::new("sluice.prompt_tokens", p.input.prompt_tokens as i64),
+        KeyValue::new("sluice.prompt_tokens_exact", p.input.prompt_exact),
+        KeyValue::new("sluice.candidates", p.resolved.candidates.len() as i64),
+    ];
+    if let Some(max) = p.fields.max_tokens {
+        attrs.push(KeyValue::new("gen_ai.request.max_tokens", max as i64));
+    }
+    attrs
+}
+
+/// The steps of the phase; each can refuse the request.
+async fn steps(
     gw: &Gateway,
     rt: &Runtime,
     api: &'static dyn ClientApi,

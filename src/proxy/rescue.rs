@@ -40,7 +40,9 @@ use crate::openai::ApiError;
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
+use crate::telemetry::otel::{Phase, RequestTrace};
 use crate::upstream::{self as forward, AttemptError};
+use opentelemetry::KeyValue;
 
 /// What a send ends with: a response head, or the failure that left none.
 pub(super) type Sent = Result<http::Response<Incoming>, AttemptError>;
@@ -59,6 +61,28 @@ pub(super) struct Copy<'a> {
     /// The copy went to a backend that serves the API by translation: its chat completion is
     /// put back into the client API's shape.
     reply: Option<Arc<dyn Reply>>,
+    /// The attempt's span, when tracing is on: ended by the attempt with its outcome.
+    pub(super) span: Option<Phase>,
+}
+
+/// An attempt's span: the backend, its address, the model name it was sent, whether it is a
+/// hedged copy.
+fn attempt_span(trace: &RequestTrace, backend: &Backend, model: &str, hedge: bool) -> Phase {
+    let span = trace.phase("sluice.attempt");
+    let url = &backend.config.url;
+    let port = url.port_u16().unwrap_or(match url.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    });
+    span.set([
+        KeyValue::new("sluice.backend", backend.name().to_string()),
+        KeyValue::new("sluice.backend.kind", backend.kind().as_str()),
+        KeyValue::new("server.address", url.host().unwrap_or_default().to_string()),
+        KeyValue::new("server.port", i64::from(port)),
+        KeyValue::new("gen_ai.request.model", model.to_string()),
+        KeyValue::new("sluice.hedge", hedge),
+    ]);
+    span
 }
 
 impl<'a> Copy<'a> {
@@ -94,6 +118,12 @@ impl<'a> Copy<'a> {
                 headers.insert(header::CONTENT_TYPE, ct.clone());
             }
         }
+        let span = record.trace.as_ref().map(|t| {
+            let span = attempt_span(t, backend, backend_model, !watch_hang);
+            // the engine's own span (vLLM's) becomes this attempt's child
+            span.inject(&mut headers);
+            span
+        });
         let timeouts = backend.config.timeouts;
         let head_timeout = if p.streaming {
             timeouts.first_byte
@@ -129,7 +159,37 @@ impl<'a> Copy<'a> {
             body_deadline: tokio::time::Instant::now() + timeouts.response,
             strip_usage,
             reply: translated.map(|t| t.reply.clone()),
+            span,
         }
+    }
+
+    /// End this copy's span (when tracing): its attempt number, how it ended (`answered`,
+    /// `retried`, `rescued`, `cancelled`), the backend's status and why it was not the answer.
+    pub(super) fn end_span(
+        &self,
+        attempt: usize,
+        outcome: &'static str,
+        status: Option<u16>,
+        why: Option<&str>,
+    ) {
+        let Some(span) = &self.span else {
+            return;
+        };
+        span.set([
+            KeyValue::new("sluice.attempt", attempt as i64),
+            KeyValue::new("sluice.attempt.outcome", outcome),
+        ]);
+        if let Some(status) = status {
+            span.set([KeyValue::new(
+                "http.response.status_code",
+                i64::from(status),
+            )]);
+        }
+        if let Some(why) = why {
+            span.set([KeyValue::new("sluice.retry.reason", why.to_string())]);
+            span.fail(why);
+        }
+        span.end();
     }
 
     /// The answer this copy's head makes.
@@ -172,6 +232,7 @@ pub(super) fn cancel(p: &Prepared, copies: &[Copy<'_>]) {
     for c in copies {
         let backend = &p.resolved.candidates[c.claimed.idx].0;
         m::backend_request(backend.name(), "cancelled");
+        c.end_span(0, "cancelled", None, None);
     }
 }
 

@@ -42,7 +42,9 @@ use crate::gateway::Gateway;
 use crate::openai::RequestFields;
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
+use crate::telemetry::otel::{Phase, RequestTrace};
 use crate::upstream as forward;
+use opentelemetry::KeyValue;
 
 /// The continuation being set up: the backend answered, or why it did not.
 pub type Started<B> = Pin<Box<dyn Future<Output = Result<Switch<B>, String>> + Send>>;
@@ -153,6 +155,8 @@ pub(super) struct Continuer {
     pub tried: Vec<usize>,
     /// Sluice forced the stream's usage report: the client does not get it.
     pub strip_usage: bool,
+    /// The request's server span, when tracing: the continuation is a span under it.
+    pub trace: Option<RequestTrace>,
 }
 
 impl Continuer {
@@ -195,6 +199,7 @@ impl Continuer {
             request_id: record.request_id.clone(),
             tried,
             strip_usage,
+            trace: record.trace.clone(),
         })
     }
 
@@ -214,10 +219,37 @@ impl Continuer {
         ))
     }
 
+    /// Continue on another backend; with tracing, as a `sluice.continuation` span (the
+    /// backend, the tokens streamed before the break, why it could not be continued).
     async fn run(
         self,
         cont: &'static dyn Continuation,
         t: Transcript,
+    ) -> Result<Switch<Incoming>, String> {
+        let Some(span) = self.trace.as_ref().map(|t| t.phase("sluice.continuation")) else {
+            return self.switch(cont, t, None).await;
+        };
+        span.set([KeyValue::new("sluice.streamed_tokens", t.tokens as i64)]);
+        let switched = self.switch(cont, t, Some(&span)).await;
+        match &switched {
+            Ok(s) => span.set([KeyValue::new(
+                "sluice.backend",
+                s.backend.name().to_string(),
+            )]),
+            Err(why) => {
+                span.set([KeyValue::new("sluice.continuation.error", why.clone())]);
+                span.fail("continuation_failed");
+            }
+        }
+        span.end();
+        switched
+    }
+
+    async fn switch(
+        self,
+        cont: &'static dyn Continuation,
+        t: Transcript,
+        span: Option<&Phase>,
     ) -> Result<Switch<Incoming>, String> {
         let rt = self.gw.runtime();
         let config = &rt.config;
@@ -243,11 +275,15 @@ impl Continuer {
         let body = cont
             .body(&self.body, &t, backend.kind(), model)
             .ok_or("nothing is left to generate, or the answer so far cannot be continued")?;
-        let headers = super::headers::upstream_headers(
+        let mut headers = super::headers::upstream_headers(
             &self.client_headers,
             &self.request_id,
             backend.config.api_key.as_deref(),
         );
+        if let Some(span) = span {
+            span.set([KeyValue::new("sluice.backend", backend.name().to_string())]);
+            span.inject(&mut headers);
+        }
         let timeouts = backend.config.timeouts;
         let deadline = tokio::time::Instant::now() + timeouts.response;
         backend.state.count_request();

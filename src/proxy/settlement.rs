@@ -17,6 +17,8 @@ use crate::limits::Permit;
 use crate::settle::{Outcome, Settle, SettleHook};
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
+use crate::telemetry::otel::RequestTrace;
+use opentelemetry::KeyValue;
 
 /// The settlement of an answered request (runs once, when the answer is over): the load
 /// guard, the limits' reconciliation, and what the answer teaches about backend and model.
@@ -29,6 +31,9 @@ pub(super) fn settlement(
     record: &mut AccessRecord,
 ) -> Settle {
     let mut settle = Settle::new(take_record(record));
+    if let Some(trace) = &settle.record.trace {
+        settle.hooks.push(answer_span(p, trace, claimed.idx));
+    }
     if let Some(predicted) = claimed.cached {
         settle.hooks.push(prediction_hook(backend, predicted));
     }
@@ -62,6 +67,32 @@ pub(super) fn settlement(
             .push(trace_hook(p, trace.clone(), backend.name()));
     }
     settle
+}
+
+/// With tracing: the model the engine answered as, on the server span, and the answer's span
+/// from commit to its last byte (`sluice.stream` for a stream), ended by the settlement with
+/// its token counts and whether it was complete or continued elsewhere.
+fn answer_span(p: &Prepared, trace: &RequestTrace, idx: usize) -> SettleHook {
+    let model = &p.resolved.candidates[idx].1;
+    trace.set([KeyValue::new("gen_ai.response.model", model.clone())]);
+    let span = trace.phase(if p.streaming {
+        "sluice.stream"
+    } else {
+        "sluice.response"
+    });
+    Box::new(move |o: &Outcome| {
+        span.set([
+            KeyValue::new("sluice.complete", o.complete),
+            KeyValue::new("sluice.continued", o.continued),
+        ]);
+        if let Some(u) = o.usage {
+            span.set([
+                KeyValue::new("gen_ai.usage.input_tokens", u.prompt_tokens as i64),
+                KeyValue::new("gen_ai.usage.output_tokens", u.completion_tokens as i64),
+            ]);
+        }
+        span.end();
+    })
 }
 
 /// Count the cached prompt tokens routing expected on the backend against what its engine

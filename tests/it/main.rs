@@ -37,6 +37,7 @@ mod ops_admin;
 mod ops_dashboard;
 mod ops_reload;
 mod ops_tls;
+mod ops_tracing;
 mod plan_accuracy;
 mod plan_cli;
 mod plan_inputs;

@@ -16,6 +16,7 @@ mod passthrough;
 mod routing;
 mod server;
 mod tls;
+mod tracing;
 
 use std::collections::HashSet;
 use std::fmt::Display;
@@ -55,6 +56,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         p.push("trace.path", "must name a file");
     }
     let passthrough = passthrough::rules(&mut p, &f);
+    let tracing = tracing::tracing(&mut p, &f.tracing, env);
     if !p.0.is_empty() {
         return Err(p.0);
     }
@@ -80,6 +82,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         passthrough,
         source: None,
         trace,
+        tracing,
     })
 }
 
