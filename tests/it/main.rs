@@ -35,6 +35,7 @@ mod health_fleet;
 mod layering;
 mod ops_admin;
 mod ops_dashboard;
+mod ops_demo;
 mod ops_reload;
 mod ops_tls;
 mod ops_tracing;
