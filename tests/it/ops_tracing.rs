@@ -297,3 +297,109 @@ async fn a_collector_that_is_down_drops_and_counts_spans_and_nothing_else() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_a_grpc_collector() {
+    let receiver = Receiver::start_grpc().await;
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = \"http://{}\"\nprotocol = \"grpc\"\nexport_interval = \"50ms\"\n[tracing.resource]\n\"deployment.environment\" = \"ci\"\n",
+        receiver.addr
+    );
+    let g = gateway(&[("a", a.url())], &tracing).await;
+    let (trace, parent, header) = client_context(true);
+    let (status, text) = chat(&g, &header, true).await;
+    assert_eq!(status, 200, "{text}");
+    let spans = receiver.trace(&trace, has_server).await;
+    let server = one(&spans, "POST /v1/chat/completions");
+    assert_eq!(server.parent_span_id, parent);
+    assert_eq!(server.service, "sluice");
+    assert_eq!(server.attr("sluice.stream"), "true");
+    let stream = one(&spans, "sluice.stream");
+    assert_eq!(stream.attr("sluice.complete"), "true");
+    assert!(
+        stream
+            .attr("gen_ai.usage.output_tokens")
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(
+        one(&spans, "sluice.attempt").attr("sluice.attempt.outcome"),
+        "answered"
+    );
+}
+
+/// `sluice serve` itself, killed when dropped.
+struct Served(std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_names_the_trace_and_no_span_names_the_key() {
+    use std::process::{Command, Stdio};
+    let receiver = Receiver::start().await;
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let (key, hash) = sluice::auth::mint();
+    let port = free_port();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n{}{FAST_HEALTH}{}\n[[keys]]\nname = \"alice\"\nhash = \"{hash}\"\n",
+        receiver.config(),
+        backend("a", "vllm", &a.url(), &[MODEL]),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, toml).unwrap();
+    let mut served = Served(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("SLUICE_LOG_FORMAT", "json")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (c, base) = (client(), format!("http://127.0.0.1:{port}"));
+    eventually(Duration::from_secs(20), "sluice serve ready", || {
+        let (c, url) = (c.clone(), format!("{base}/readyz"));
+        async move { c.get(url).send().await.is_ok_and(|r| r.status() == 200) }
+    })
+    .await;
+    let (trace, _, header) = client_context(true);
+    let resp = c
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(&key)
+        .header("traceparent", header)
+        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let spans = receiver.trace(&trace, has_server).await;
+    no_prompt(&spans);
+    for s in &spans {
+        assert!(
+            s.attrs.values().all(|v| !v.contains(&key)),
+            "{} carries the key",
+            s.name
+        );
+    }
+    let server = one(&spans, "POST /v1/chat/completions");
+    assert_eq!(server.attr("sluice.tenant"), "alice");
+    let _ = served.0.kill();
+    let _ = served.0.wait();
+    let logs = support::process::output_of(&mut served.0);
+    let access = logs
+        .lines()
+        .find(|l| l.contains("\"trace_id\"") && l.contains(&trace))
+        .unwrap_or_else(|| panic!("no access line names trace {trace}:\n{logs}"));
+    let line: Value = serde_json::from_str(access).unwrap();
+    assert_eq!(line["trace_id"], trace.as_str(), "{access}");
+    assert_eq!(line["span_id"], server.span_id.as_str(), "{access}");
+}

@@ -405,4 +405,29 @@ mod tests {
             "{problems:?}"
         );
     }
+
+    #[test]
+    fn the_shipped_example_is_valid() {
+        let shipped = include_str!("../../../config/sluice.toml");
+        let start = shipped.find("# [tracing]").unwrap();
+        let example: String = shipped[start..]
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| l.trim_start_matches('#').trim_start())
+            .collect::<Vec<_>>()
+            .join("\n");
+        #[derive(serde::Deserialize)]
+        struct File {
+            tracing: TracingSection,
+        }
+        let file: File = toml::from_str(&example).unwrap();
+        let env: HashMap<String, String> = [("OTEL_TOKEN".to_string(), "t".to_string())].into();
+        let mut p = Problems(Vec::new());
+        let s = tracing(&mut p, &file.tracing, &env);
+        assert!(p.0.is_empty(), "{:?}", p.0);
+        let s = s.unwrap();
+        assert_eq!(s.endpoint, "http://127.0.0.1:4318/v1/traces");
+        assert_eq!(s.headers, vec![("authorization".into(), "Bearer t".into())]);
+        assert_eq!(s.resource.len(), 1);
+    }
 }
