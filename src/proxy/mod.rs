@@ -116,12 +116,14 @@ fn server_span(
     request_id: &str,
 ) -> RequestTrace {
     let trace = otel.request(headers, format!("POST {}", api.path()));
-    trace.set([
-        KeyValue::new("gen_ai.operation.name", operation(api.label())),
-        KeyValue::new("http.request.method", "POST"),
-        KeyValue::new("url.path", api.path()),
-        KeyValue::new("sluice.request_id", request_id.to_string()),
-    ]);
+    trace.set(|| {
+        [
+            KeyValue::new("gen_ai.operation.name", operation(api.label())),
+            KeyValue::new("http.request.method", "POST"),
+            KeyValue::new("url.path", api.path()),
+            KeyValue::new("sluice.request_id", request_id.to_string()),
+        ]
+    });
     trace
 }
 

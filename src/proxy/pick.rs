@@ -66,7 +66,7 @@ pub(super) async fn pick(
         }
     };
     if let (Some(span), Some(started)) = (span, started) {
-        span.set(routed(p, tried, &claimed, started.elapsed()));
+        span.set(|| routed(p, tried, &claimed, started.elapsed()));
         if let Err(e) = &claimed {
             span.fail(e.label());
         }

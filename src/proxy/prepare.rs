@@ -82,8 +82,8 @@ pub(super) async fn prepare(
     };
     let step = steps(gw, rt, api, req, record).await;
     match &step {
-        Ok(Step::Route(p)) => span.set(admitted(p)),
-        Ok(Step::Answered(_)) => span.set([KeyValue::new("sluice.answered_locally", true)]),
+        Ok(Step::Route(p)) => span.set(|| admitted(p)),
+        Ok(Step::Answered(_)) => span.set(|| [KeyValue::new("sluice.answered_locally", true)]),
         Err(e) => span.fail(e.label()),
     }
     span.end();

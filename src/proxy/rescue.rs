@@ -74,14 +74,16 @@ fn attempt_span(trace: &RequestTrace, backend: &Backend, model: &str, hedge: boo
         Some("https") => 443,
         _ => 80,
     });
-    span.set([
-        KeyValue::new("sluice.backend", backend.name().to_string()),
-        KeyValue::new("sluice.backend.kind", backend.kind().as_str()),
-        KeyValue::new("server.address", url.host().unwrap_or_default().to_string()),
-        KeyValue::new("server.port", i64::from(port)),
-        KeyValue::new("gen_ai.request.model", model.to_string()),
-        KeyValue::new("sluice.hedge", hedge),
-    ]);
+    span.set(|| {
+        [
+            KeyValue::new("sluice.backend", backend.name().to_string()),
+            KeyValue::new("sluice.backend.kind", backend.kind().as_str()),
+            KeyValue::new("server.address", url.host().unwrap_or_default().to_string()),
+            KeyValue::new("server.port", i64::from(port)),
+            KeyValue::new("gen_ai.request.model", model.to_string()),
+            KeyValue::new("sluice.hedge", hedge),
+        ]
+    });
     span
 }
 
@@ -175,18 +177,22 @@ impl<'a> Copy<'a> {
         let Some(span) = &self.span else {
             return;
         };
-        span.set([
-            KeyValue::new("sluice.attempt", attempt as i64),
-            KeyValue::new("sluice.attempt.outcome", outcome),
-        ]);
+        span.set(|| {
+            [
+                KeyValue::new("sluice.attempt", attempt as i64),
+                KeyValue::new("sluice.attempt.outcome", outcome),
+            ]
+        });
         if let Some(status) = status {
-            span.set([KeyValue::new(
-                "http.response.status_code",
-                i64::from(status),
-            )]);
+            span.set(|| {
+                [KeyValue::new(
+                    "http.response.status_code",
+                    i64::from(status),
+                )]
+            });
         }
         if let Some(why) = why {
-            span.set([KeyValue::new("sluice.retry.reason", why.to_string())]);
+            span.set(|| [KeyValue::new("sluice.retry.reason", why.to_string())]);
             span.fail(why);
         }
         span.end();

@@ -229,15 +229,17 @@ impl Continuer {
         let Some(span) = self.trace.as_ref().map(|t| t.phase("sluice.continuation")) else {
             return self.switch(cont, t, None).await;
         };
-        span.set([KeyValue::new("sluice.streamed_tokens", t.tokens as i64)]);
+        span.set(|| [KeyValue::new("sluice.streamed_tokens", t.tokens as i64)]);
         let switched = self.switch(cont, t, Some(&span)).await;
         match &switched {
-            Ok(s) => span.set([KeyValue::new(
-                "sluice.backend",
-                s.backend.name().to_string(),
-            )]),
+            Ok(s) => span.set(|| {
+                [KeyValue::new(
+                    "sluice.backend",
+                    s.backend.name().to_string(),
+                )]
+            }),
             Err(why) => {
-                span.set([KeyValue::new("sluice.continuation.error", why.clone())]);
+                span.set(|| [KeyValue::new("sluice.continuation.error", why.clone())]);
                 span.fail("continuation_failed");
             }
         }
@@ -281,7 +283,7 @@ impl Continuer {
             backend.config.api_key.as_deref(),
         );
         if let Some(span) = span {
-            span.set([KeyValue::new("sluice.backend", backend.name().to_string())]);
+            span.set(|| [KeyValue::new("sluice.backend", backend.name().to_string())]);
             span.inject(&mut headers);
         }
         let timeouts = backend.config.timeouts;

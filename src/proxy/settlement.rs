@@ -31,7 +31,7 @@ pub(super) fn settlement(
     record: &mut AccessRecord,
 ) -> Settle {
     let mut settle = Settle::new(take_record(record));
-    if let Some(trace) = &settle.record.trace {
+    if let Some(trace) = settle.record.trace.as_ref().filter(|t| t.recording()) {
         settle.hooks.push(answer_span(p, trace, claimed.idx));
     }
     if let Some(predicted) = claimed.cached {
@@ -74,22 +74,26 @@ pub(super) fn settlement(
 /// its token counts and whether it was complete or continued elsewhere.
 fn answer_span(p: &Prepared, trace: &RequestTrace, idx: usize) -> SettleHook {
     let model = &p.resolved.candidates[idx].1;
-    trace.set([KeyValue::new("gen_ai.response.model", model.clone())]);
+    trace.set(|| [KeyValue::new("gen_ai.response.model", model.clone())]);
     let span = trace.phase(if p.streaming {
         "sluice.stream"
     } else {
         "sluice.response"
     });
     Box::new(move |o: &Outcome| {
-        span.set([
-            KeyValue::new("sluice.complete", o.complete),
-            KeyValue::new("sluice.continued", o.continued),
-        ]);
+        span.set(|| {
+            [
+                KeyValue::new("sluice.complete", o.complete),
+                KeyValue::new("sluice.continued", o.continued),
+            ]
+        });
         if let Some(u) = o.usage {
-            span.set([
-                KeyValue::new("gen_ai.usage.input_tokens", u.prompt_tokens as i64),
-                KeyValue::new("gen_ai.usage.output_tokens", u.completion_tokens as i64),
-            ]);
+            span.set(|| {
+                [
+                    KeyValue::new("gen_ai.usage.input_tokens", u.prompt_tokens as i64),
+                    KeyValue::new("gen_ai.usage.output_tokens", u.completion_tokens as i64),
+                ]
+            });
         }
         span.end();
     })

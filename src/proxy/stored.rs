@@ -165,10 +165,12 @@ async fn call_holder(
     );
     let span = record.trace.as_ref().map(|t| {
         let span = t.phase("sluice.stored_lookup");
-        span.set([
-            KeyValue::new("sluice.backend", backend.name().to_string()),
-            KeyValue::new("sluice.tenant", tenant.to_string()),
-        ]);
+        span.set(|| {
+            [
+                KeyValue::new("sluice.backend", backend.name().to_string()),
+                KeyValue::new("sluice.tenant", tenant.to_string()),
+            ]
+        });
         span.inject(&mut headers);
         span
     });
@@ -185,10 +187,12 @@ async fn call_holder(
     .await;
     if let Some(span) = span {
         match &sent {
-            Ok(r) => span.set([KeyValue::new(
-                "http.response.status_code",
-                i64::from(r.status().as_u16()),
-            )]),
+            Ok(r) => span.set(|| {
+                [KeyValue::new(
+                    "http.response.status_code",
+                    i64::from(r.status().as_u16()),
+                )]
+            }),
             Err(e) => span.fail(e.label()),
         }
         span.end();

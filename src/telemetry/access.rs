@@ -139,6 +139,9 @@ impl AccessRecord {
     /// End the server span with what the access line says (GenAI conventions' names).
     fn end_span(&self, trace: &super::otel::RequestTrace, backend: &str) {
         use opentelemetry::KeyValue;
+        if !trace.recording() {
+            return; // (an unsampled span records nothing and ends with its last handle)
+        }
         let mut attrs = vec![
             KeyValue::new("gen_ai.request.model", self.model.clone()),
             KeyValue::new("sluice.tenant", self.tenant.clone()),
@@ -158,7 +161,7 @@ impl AccessRecord {
         if self.cancelled {
             attrs.push(KeyValue::new("sluice.cancelled", true));
         }
-        trace.set(attrs);
+        trace.set(|| attrs);
         if let Some(ttft) = self.ttft {
             trace.event_after("sluice.first_token", ttft);
         }

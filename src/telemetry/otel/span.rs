@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracer;
@@ -22,6 +22,7 @@ pub struct RequestTrace(Arc<Server>);
 #[derive(Debug)]
 struct Server {
     cx: Context,
+    recording: bool,
     tracer: SdkTracer,
     started: SystemTime,
 }
@@ -32,7 +33,9 @@ impl RequestTrace {
             .span_builder(name)
             .with_kind(SpanKind::Server)
             .start_with_context(tracer, parent);
+        let recording = span.is_recording();
         RequestTrace(Arc::new(Server {
+            recording,
             cx: parent.with_span(span),
             tracer: tracer.clone(),
             started: SystemTime::now(),
@@ -46,9 +49,18 @@ impl RequestTrace {
             .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
     }
 
-    /// Set attributes on the server span.
-    pub fn set(&self, attributes: impl IntoIterator<Item = KeyValue>) {
-        self.0.cx.span().set_attributes(attributes);
+    /// Whether the server span is sampled (recorded and exported). An unsampled request
+    /// still carries its context to the engine, but makes no phase span and builds no
+    /// attribute.
+    pub fn recording(&self) -> bool {
+        self.0.recording
+    }
+
+    /// Set attributes on the server span; `attributes` is called only when it is recorded.
+    pub fn set<I: IntoIterator<Item = KeyValue>>(&self, attributes: impl FnOnce() -> I) {
+        if self.0.recording {
+            self.0.cx.span().set_attributes(attributes());
+        }
     }
 
     /// An event on the server span, `after` its start (the first token).
@@ -60,8 +72,15 @@ impl RequestTrace {
             .add_event_with_timestamp(name, at, Vec::new());
     }
 
-    /// A phase's span under the server span.
+    /// A phase's span under the server span (for an unsampled request, the server span's
+    /// context itself: nothing is recorded, the engine is still told the trace).
     pub fn phase(&self, name: &'static str) -> Phase {
+        if !self.0.recording {
+            return Phase {
+                cx: self.0.cx.clone(),
+                recording: false,
+            };
+        }
         let span = self
             .0
             .tracer
@@ -70,6 +89,7 @@ impl RequestTrace {
             .start_with_context(&self.0.tracer, &self.0.cx);
         Phase {
             cx: self.0.cx.with_span(span),
+            recording: true,
         }
     }
 
@@ -94,16 +114,23 @@ impl RequestTrace {
 #[derive(Debug, Clone)]
 pub struct Phase {
     cx: Context,
+    /// Its own span, recorded (false: the unsampled server span's context, never ended here).
+    recording: bool,
 }
 
 impl Phase {
-    /// Set attributes on the phase's span.
-    pub fn set(&self, attributes: impl IntoIterator<Item = KeyValue>) {
-        self.cx.span().set_attributes(attributes);
+    /// Set attributes on the phase's span; `attributes` is called only when it is recorded.
+    pub fn set<I: IntoIterator<Item = KeyValue>>(&self, attributes: impl FnOnce() -> I) {
+        if self.recording {
+            self.cx.span().set_attributes(attributes());
+        }
     }
 
     /// The phase failed: `error.type` and an error status.
     pub fn fail(&self, error_type: &str) {
+        if !self.recording {
+            return;
+        }
         let span = self.cx.span();
         span.set_attribute(KeyValue::new("error.type", error_type.to_string()));
         span.set_status(Status::error(Cow::Owned(error_type.to_string())));
@@ -119,7 +146,9 @@ impl Phase {
 
     /// End the span now.
     pub fn end(&self) {
-        self.cx.span().end();
+        if self.recording {
+            self.cx.span().end();
+        }
     }
 }
 
