@@ -169,3 +169,86 @@ impl Warner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use opentelemetry::trace::{Span as _, Tracer as _, TracerProvider as _};
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+
+    use super::*;
+
+    /// Counts the spans it was given; fails every export when `failing`.
+    #[derive(Debug, Clone, Default)]
+    struct Counting {
+        spans: Arc<AtomicUsize>,
+        failing: bool,
+    }
+
+    impl SpanExporter for Counting {
+        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+            self.spans.fetch_add(batch.len(), Ordering::Relaxed);
+            if self.failing {
+                return Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                    "down".into(),
+                ));
+            }
+            Ok(())
+        }
+    }
+
+    fn provider(exporter: Counting, capacity: usize) -> (SdkTracerProvider, Starter<Counting>) {
+        let batcher = Batcher::new(exporter, capacity);
+        let starter = batcher.starter();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(batcher)
+            .build();
+        (provider, starter)
+    }
+
+    async fn until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_without_waiting_and_the_rest_is_sent() {
+        let exporter = Counting::default();
+        let (provider, starter) = provider(exporter.clone(), 2);
+        let tracer = provider.tracer("t");
+        // Nothing drains the queue yet: the third span finds it full and is dropped at once.
+        for _ in 0..3 {
+            tracer.start("s").end();
+        }
+        starter.start(&tokio::runtime::Handle::current(), Duration::from_millis(5));
+        until("two spans exported", || {
+            exporter.spans.load(Ordering::Relaxed) == 2
+        })
+        .await;
+        tracer.start("later").end();
+        until("a third", || exporter.spans.load(Ordering::Relaxed) == 3).await;
+    }
+
+    #[tokio::test]
+    async fn a_failing_collector_costs_the_spans_only() {
+        let exporter = Counting {
+            failing: true,
+            ..Counting::default()
+        };
+        let (provider, starter) = provider(exporter.clone(), 64);
+        starter.start(&tokio::runtime::Handle::current(), Duration::from_millis(5));
+        let tracer = provider.tracer("t");
+        for _ in 0..20 {
+            tracer.start("s").end();
+        }
+        // Every batch was tried and dropped; the loop goes on with the next ones.
+        until("twenty spans tried", || {
+            exporter.spans.load(Ordering::Relaxed) == 20
+        })
+        .await;
+    }
+}
