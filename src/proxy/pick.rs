@@ -95,6 +95,13 @@ fn routed(
         let backend = &p.resolved.candidates[c.idx].0;
         attrs.push(KeyValue::new("sluice.backend", backend.name().to_string()));
         attrs.push(KeyValue::new("sluice.routing.engine_queue", c.queued));
+        // the score's expected seconds there (to the first token for a stream), with this
+        // request's own load already claimed
+        let (candidates, input) = (&p.resolved.candidates, &p.input);
+        let expected = crate::routing::expected_head_seconds(candidates, c.idx, input, p.streaming);
+        if expected < f64::MAX {
+            attrs.push(KeyValue::new("sluice.routing.expected_seconds", expected));
+        }
         if let Some(cached) = c.cached {
             attrs.push(KeyValue::new(
                 "sluice.routing.cached_prefix_tokens",

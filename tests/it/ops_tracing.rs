@@ -136,6 +136,13 @@ async fn a_client_trace_holds_sluices_phases_and_reaches_the_engine() {
     assert_eq!(routing.attr("sluice.backend"), "a");
     assert_eq!(routing.attr("sluice.routing.candidates"), "1");
     assert_eq!(routing.attr("sluice.routing.policy"), "round-robin");
+    assert!(
+        routing
+            .attr("sluice.routing.expected_seconds")
+            .parse::<f64>()
+            .unwrap()
+            >= 0.0
+    );
     let attempt = one(&spans, "sluice.attempt");
     assert_eq!(attempt.parent_span_id, server.span_id);
     assert_eq!(attempt.attr("sluice.backend"), "a");
