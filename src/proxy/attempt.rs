@@ -23,8 +23,10 @@ use crate::openai::error::from_backend_redacted;
 use crate::openai::ApiError;
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
+use crate::telemetry::otel::{Phase, RequestTrace};
 use crate::upstream::Body as Incoming;
 use crate::upstream::{retry_after, retryable_status, AttemptError};
+use opentelemetry::KeyValue;
 
 /// Largest error body read from a backend to normalise it.
 pub(super) const MAX_ERROR_BODY: usize = 256 * 1024;
@@ -121,6 +123,63 @@ pub(super) async fn attempt(
         }
     }
     Verdict::Retry(last.unwrap_or_else(|| ApiError::internal("no attempt was made")))
+}
+
+/// An attempt's span: the backend, its address, the model name it was sent, whether it is a
+/// hedged copy.
+pub(super) fn attempt_span(
+    trace: &RequestTrace,
+    backend: &Backend,
+    model: &str,
+    hedge: bool,
+) -> Phase {
+    let span = trace.phase("sluice.attempt");
+    let url = &backend.config.url;
+    let port = url.port_u16().unwrap_or(match url.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    });
+    span.set(|| {
+        [
+            KeyValue::new("sluice.backend", backend.name().to_string()),
+            KeyValue::new("sluice.backend.kind", backend.kind().as_str()),
+            KeyValue::new("server.address", url.host().unwrap_or_default().to_string()),
+            KeyValue::new("server.port", i64::from(port)),
+            KeyValue::new("gen_ai.request.model", model.to_string()),
+            KeyValue::new("sluice.hedge", hedge),
+        ]
+    });
+    span
+}
+
+/// End an attempt's span: its number, how it ended (`answered`, `retried`, `rescued`,
+/// `cancelled`), the backend's status and why it was not the answer (`error.type` too).
+pub(super) fn end_attempt_span(
+    span: &Phase,
+    attempt: usize,
+    outcome: &'static str,
+    status: Option<u16>,
+    why: Option<&str>,
+) {
+    span.set(|| {
+        [
+            KeyValue::new("sluice.attempt", attempt as i64),
+            KeyValue::new("sluice.attempt.outcome", outcome),
+        ]
+    });
+    if let Some(status) = status {
+        span.set(|| {
+            [KeyValue::new(
+                "http.response.status_code",
+                i64::from(status),
+            )]
+        });
+    }
+    if let Some(why) = why {
+        span.set(|| [KeyValue::new("sluice.retry.reason", why.to_string())]);
+        span.fail(why);
+    }
+    span.end();
 }
 
 /// The second copy of a request at its hang deadline, with `routing.hedge`: the next-best

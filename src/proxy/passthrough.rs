@@ -25,7 +25,7 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use serde_json::value::RawValue;
 
-use super::attempt::{classify, read_capped, MAX_ERROR_BODY};
+use super::attempt::{attempt_span, classify, end_attempt_span, read_capped, MAX_ERROR_BODY};
 use super::headers;
 use super::pick::{pick_and_claim, Claimed};
 use super::prepare::read_body;
@@ -56,6 +56,11 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Body>) -> Response {
     let mut record = AccessRecord::new(request_id, LABEL, started);
     record.client = crate::telemetry::access::client_addr(req.extensions());
     let rt = gw.runtime();
+    if let (Some(otel), Some(rule)) = (&gw.otel, rule_for(&rt.config, req.uri().path())) {
+        // named by the rule, not the path: a path may carry ids
+        let name = format!("{} {}", req.method(), rule.prefix);
+        record.trace = Some(otel.request(req.headers(), name));
+    }
     match forward(&gw, &rt, req, &mut record).await {
         Ok(resp) => resp,
         Err(err) => {
@@ -141,6 +146,11 @@ async fn forward(
         if let Some(ct) = client_headers.get(http::header::CONTENT_TYPE) {
             headers.insert(http::header::CONTENT_TYPE, ct.clone());
         }
+        let span = record.trace.as_ref().map(|t| {
+            let span = attempt_span(t, backend, backend_model, false);
+            span.inject(&mut headers);
+            span
+        });
         let timeouts = backend.config.timeouts;
         let deadline = tokio::time::Instant::now() + timeouts.response;
         backend.state.count_request();
@@ -154,9 +164,19 @@ async fn forward(
         )
         .await;
         let retries_left = attempt_no + 1 < config.routing.max_attempts;
+        let status = sent.as_ref().ok().map(|r| r.status().as_u16());
+        let n = attempt_no as usize + 1;
         match classify(config, backend, sent, retries_left, deadline, record).await {
-            Err(e) => last = Some(e),
+            Err(e) => {
+                if let Some(span) = &span {
+                    end_attempt_span(span, n, "retried", status, Some(e.label()));
+                }
+                last = Some(e);
+            }
             Ok(resp) => {
+                if let Some(span) = &span {
+                    end_attempt_span(span, n, "answered", status, None);
+                }
                 let permit = permit.with_backend(backend.name());
                 let answered = Answered {
                     resp,

@@ -28,7 +28,7 @@ use std::time::Duration;
 use crate::upstream::Body as Incoming;
 use http::header;
 
-use super::attempt::{rewrite, Answer};
+use super::attempt::{attempt_span, end_attempt_span, rewrite, Answer};
 use super::pick::Claimed;
 use super::{headers, Prepared};
 use crate::api::translate::{self, Reply};
@@ -40,9 +40,8 @@ use crate::openai::ApiError;
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
-use crate::telemetry::otel::{Phase, RequestTrace};
+use crate::telemetry::otel::Phase;
 use crate::upstream::{self as forward, AttemptError};
-use opentelemetry::KeyValue;
 
 /// What a send ends with: a response head, or the failure that left none.
 pub(super) type Sent = Result<http::Response<Incoming>, AttemptError>;
@@ -63,28 +62,6 @@ pub(super) struct Copy<'a> {
     reply: Option<Arc<dyn Reply>>,
     /// The attempt's span, when tracing is on: ended by the attempt with its outcome.
     pub(super) span: Option<Phase>,
-}
-
-/// An attempt's span: the backend, its address, the model name it was sent, whether it is a
-/// hedged copy.
-fn attempt_span(trace: &RequestTrace, backend: &Backend, model: &str, hedge: bool) -> Phase {
-    let span = trace.phase("sluice.attempt");
-    let url = &backend.config.url;
-    let port = url.port_u16().unwrap_or(match url.scheme_str() {
-        Some("https") => 443,
-        _ => 80,
-    });
-    span.set(|| {
-        [
-            KeyValue::new("sluice.backend", backend.name().to_string()),
-            KeyValue::new("sluice.backend.kind", backend.kind().as_str()),
-            KeyValue::new("server.address", url.host().unwrap_or_default().to_string()),
-            KeyValue::new("server.port", i64::from(port)),
-            KeyValue::new("gen_ai.request.model", model.to_string()),
-            KeyValue::new("sluice.hedge", hedge),
-        ]
-    });
-    span
 }
 
 impl<'a> Copy<'a> {
@@ -165,8 +142,7 @@ impl<'a> Copy<'a> {
         }
     }
 
-    /// End this copy's span (when tracing): its attempt number, how it ended (`answered`,
-    /// `retried`, `rescued`, `cancelled`), the backend's status and why it was not the answer.
+    /// End this copy's span (when tracing): see [`end_attempt_span`].
     pub(super) fn end_span(
         &self,
         attempt: usize,
@@ -174,28 +150,9 @@ impl<'a> Copy<'a> {
         status: Option<u16>,
         why: Option<&str>,
     ) {
-        let Some(span) = &self.span else {
-            return;
-        };
-        span.set(|| {
-            [
-                KeyValue::new("sluice.attempt", attempt as i64),
-                KeyValue::new("sluice.attempt.outcome", outcome),
-            ]
-        });
-        if let Some(status) = status {
-            span.set(|| {
-                [KeyValue::new(
-                    "http.response.status_code",
-                    i64::from(status),
-                )]
-            });
+        if let Some(span) = &self.span {
+            end_attempt_span(span, attempt, outcome, status, why);
         }
-        if let Some(why) = why {
-            span.set(|| [KeyValue::new("sluice.retry.reason", why.to_string())]);
-            span.fail(why);
-        }
-        span.end();
     }
 
     /// The answer this copy's head makes.

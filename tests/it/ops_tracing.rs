@@ -337,6 +337,53 @@ async fn spans_reach_a_grpc_collector() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passthrough_request_is_traced_to_its_backend() {
+    let receiver = Receiver::start().await;
+    let a = ScriptedBackend::start(
+        200,
+        vec![("content-type", "application/json".into())],
+        r#"{"label":"positive"}"#.into(),
+    )
+    .await;
+    let mut t = format!("{}{FAST_HEALTH}", receiver.config());
+    t.push_str(&backend("pt", "openai", &a.url(), &["cls"]));
+    t.push_str("\n[[passthrough]]\nprefix = \"/v1/classify\"\nmodel_field = \"model\"\n");
+    let g = TestGateway::start_healthy(&t).await;
+    let (trace, parent, header) = client_context(true);
+    let resp = client()
+        .post(g.url("/v1/classify/item-7"))
+        .header("traceparent", header)
+        .json(&json!({"model": "cls", "input": PROMPT}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let spans = receiver.trace(&trace, has_server).await;
+    no_prompt(&spans);
+    let server = one(&spans, "POST /v1/classify");
+    assert_eq!(server.parent_span_id, parent);
+    assert_eq!(server.attr("sluice.backend"), "pt");
+    let attempt = one(&spans, "sluice.attempt");
+    assert_eq!(attempt.parent_span_id, server.span_id);
+    assert_eq!(attempt.attr("sluice.attempt.outcome"), "answered");
+    let sent: Vec<String> = a
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.path.starts_with("/v1/classify"))
+        .filter_map(|s| {
+            s.headers
+                .get("traceparent")?
+                .to_str()
+                .ok()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(sent, vec![format!("00-{trace}-{}-01", attempt.span_id)]);
+}
+
 /// `sluice serve` itself, killed when dropped.
 struct Served(std::process::Child);
 
