@@ -56,10 +56,12 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Body>) -> Response {
     let mut record = AccessRecord::new(request_id, LABEL, started);
     record.client = crate::telemetry::access::client_addr(req.extensions());
     let rt = gw.runtime();
-    if let (Some(otel), Some(rule)) = (&gw.otel, rule_for(&rt.config, req.uri().path())) {
+    if let Some(otel) = &gw.otel {
         // named by the rule, not the path: a path may carry ids
-        let name = format!("{} {}", req.method(), rule.prefix);
-        record.trace = Some(otel.request(req.headers(), name));
+        if let Some(rule) = rule_for(&rt.config, req.uri().path()) {
+            let name = format!("{} {}", req.method(), rule.prefix);
+            record.trace = Some(otel.request(req.headers(), name));
+        }
     }
     match forward(&gw, &rt, req, &mut record).await {
         Ok(resp) => resp,
