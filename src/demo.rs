@@ -104,9 +104,7 @@ pub async fn run(
         .map_err(|source| DemoError::Bind { addr, source })?;
     let addr = listener.local_addr().unwrap_or(addr);
     println!("# sluice demo: the effective config\n\n{toml}");
-    println!(
-        "# try it:\n\ncurl -s http://{addr}/v1/models\n\ncurl -sN http://{addr}/v1/chat/completions \\\n  -H 'content-type: application/json' \\\n  -d '{{\"model\":\"llama3\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n\n# or with the OpenAI Python SDK:\n#   from openai import OpenAI\n#   client = OpenAI(base_url=\"http://{addr}/v1\", api_key=\"unused\")\n#   for chunk in client.chat.completions.create(model=\"llama3\", stream=True,\n#           messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}]):\n#       print(chunk.choices[0].delta.content or \"\", end=\"\")\n"
-    );
+    println!("{}", banner(addr));
     let result = crate::app::run(listener, config, shutdown).await;
     for h in handles {
         h.shutdown().await;
@@ -114,4 +112,64 @@ pub async fn run(
     let _ = std::fs::remove_dir_all(&batch_dir);
     tokio::time::sleep(Duration::from_millis(10)).await;
     result.map_err(DemoError::from)
+}
+
+/// The chat completions example of the banner (a streamed answer).
+pub const CHAT_EXAMPLE: &str =
+    r#"{"model":"llama3","stream":true,"messages":[{"role":"user","content":"Hello!"}]}"#;
+/// The Responses API example of the banner.
+pub const RESPONSES_EXAMPLE: &str = r#"{"model":"llama3","input":"Hello!"}"#;
+/// The Anthropic Messages example of the banner.
+pub const MESSAGES_EXAMPLE: &str =
+    r#"{"model":"llama3","max_tokens":64,"messages":[{"role":"user","content":"Hello!"}]}"#;
+
+/// What `sluice demo` prints once it listens on `addr`: the status page, and a request for
+/// each client API family — OpenAI chat completions, OpenAI Responses, Anthropic Messages.
+pub fn banner(addr: SocketAddr) -> String {
+    let post = |path: &str, extra: &str, body: &str| {
+        format!(
+            "curl -sN http://{addr}{path} \\\n  -H 'content-type: application/json' \\\n{extra}  -d '{body}'\n"
+        )
+    };
+    let anthropic = "  -H 'anthropic-version: 2023-06-01' \\\n";
+    format!(
+        "# status page: http://{addr}/dashboard  (metrics: http://{addr}/metrics)\n\n\
+         # try it:\n\ncurl -s http://{addr}/v1/models\n\n\
+         # OpenAI chat completions, streamed:\n{}\n\
+         # OpenAI Responses API:\n{}\n\
+         # Anthropic Messages API:\n{}\n\
+         # or with the OpenAI Python SDK:\n\
+         #   from openai import OpenAI\n\
+         #   client = OpenAI(base_url=\"http://{addr}/v1\", api_key=\"unused\")\n\
+         #   for chunk in client.chat.completions.create(model=\"llama3\", stream=True,\n\
+         #           messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}]):\n\
+         #       print(chunk.choices[0].delta.content or \"\", end=\"\")\n",
+        post("/v1/chat/completions", "", CHAT_EXAMPLE),
+        post("/v1/responses", "", RESPONSES_EXAMPLE),
+        post("/v1/messages", anthropic, MESSAGES_EXAMPLE),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_banner_shows_the_status_page_and_each_api() {
+        let b = banner("127.0.0.1:8080".parse().unwrap());
+        assert!(b.contains("http://127.0.0.1:8080/dashboard"), "{b}");
+        for (path, body) in [
+            ("/v1/chat/completions", CHAT_EXAMPLE),
+            ("/v1/responses", RESPONSES_EXAMPLE),
+            ("/v1/messages", MESSAGES_EXAMPLE),
+        ] {
+            assert!(
+                b.contains(&format!("http://127.0.0.1:8080{path} ")),
+                "{path}: {b}"
+            );
+            assert!(b.contains(&format!("-d '{body}'")), "{path}: {b}");
+            serde_json::from_str::<serde_json::Value>(body).unwrap();
+        }
+        assert!(b.contains("anthropic-version"), "{b}");
+    }
 }

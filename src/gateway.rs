@@ -51,6 +51,9 @@ pub struct Gateway {
     rebuild_lock: Mutex<()>,
     /// The workload trace (`[trace]`), opened at start-up.
     pub trace: Option<Arc<crate::telemetry::trace::TraceWriter>>,
+    /// OpenTelemetry export (`[tracing]`), started with the gateway; `None`: off, and the
+    /// request path makes no span.
+    pub otel: Option<Arc<crate::telemetry::otel::Tracing>>,
     /// The runtime the gateway was built on (the control runtime): work that outlives a
     /// request, such as following a background response, runs there.
     pub main: tokio::runtime::Handle,
@@ -69,6 +72,13 @@ impl Gateway {
         let trace = runtime.config.trace.as_ref().and_then(|path| {
             crate::telemetry::trace::TraceWriter::open(path)
                 .map_err(|e| tracing::error!("cannot open the trace {}: {e}", path.display()))
+                .ok()
+                .map(Arc::new)
+        });
+        let otel = runtime.config.tracing.as_ref().and_then(|settings| {
+            let handle = tokio::runtime::Handle::current();
+            crate::telemetry::otel::Tracing::start(settings, &handle)
+                .map_err(|e| tracing::error!("tracing is off: {e}"))
                 .ok()
                 .map(Arc::new)
         });
@@ -91,6 +101,7 @@ impl Gateway {
             discovered: Discovered::default(),
             rebuild_lock: Mutex::new(()),
             trace,
+            otel,
             main: tokio::runtime::Handle::current(),
         });
         spawn_membership(Arc::downgrade(&gw));

@@ -54,6 +54,9 @@ pub struct FileConfig {
     pub trace: Option<TraceSection>,
     /// The Files and Batches APIs (off unless present).
     pub batch: Option<BatchSection>,
+    /// OpenTelemetry traces (off unless an OTLP endpoint is set here or in the environment).
+    #[serde(default)]
+    pub tracing: TracingSection,
     /// Pass-through rules: other paths under `/v1/` forwarded as they are.
     #[serde(default)]
     pub passthrough: Vec<PassthroughSection>,
@@ -83,6 +86,52 @@ pub struct BatchSection {
     pub max_lines: Option<u64>,
     /// Batch lines in flight at once over all batches (default 4).
     pub max_in_flight: Option<u64>,
+}
+
+/// `[tracing]`: OpenTelemetry spans exported over OTLP. Each key left out is taken from the
+/// standard `OTEL_*` environment variables, else its default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingSection {
+    /// `false` turns tracing off even when the environment names an endpoint.
+    pub enabled: Option<bool>,
+    /// The collector's base URL (`http://collector:4318`; for `grpc`, `http://collector:4317`).
+    pub otlp_endpoint: Option<String>,
+    /// `http/protobuf` (default) or `grpc`.
+    pub protocol: Option<String>,
+    /// Share of new traces sampled, 0.0–1.0 (default 1.0); a client's own sampling decision
+    /// is followed for its traces.
+    pub sample_ratio: Option<f64>,
+    /// `service.name` (default `sluice`).
+    pub service_name: Option<String>,
+    /// Headers on every export (a collector's auth); values may use `${ENV}`.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// Resource attributes beside `service.name` (`deployment.environment = "prod"`).
+    #[serde(default)]
+    pub resource: std::collections::BTreeMap<String, String>,
+    /// Most finished spans waiting for export (default 2048); beyond, spans are dropped and
+    /// counted.
+    pub queue_size: Option<u64>,
+    /// Longest a finished span waits before its batch is sent (default `1s`).
+    pub export_interval: Option<String>,
+    /// Bound on one export (default `10s`).
+    pub export_timeout: Option<String>,
+}
+
+impl TracingSection {
+    /// Whether the file sets anything but `enabled`.
+    pub fn sets_any(&self) -> bool {
+        self.otlp_endpoint.is_some()
+            || self.protocol.is_some()
+            || self.sample_ratio.is_some()
+            || self.service_name.is_some()
+            || !self.headers.is_empty()
+            || !self.resource.is_empty()
+            || self.queue_size.is_some()
+            || self.export_interval.is_some()
+            || self.export_timeout.is_some()
+    }
 }
 
 /// `[[passthrough]]`: requests whose path starts with `prefix` are forwarded as they are,

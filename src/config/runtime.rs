@@ -66,6 +66,9 @@ pub struct Config {
     /// `[batch]`: the Files and Batches APIs (`None`: off). Read at start-up; a reload does
     /// not change it.
     pub batch: Option<BatchConfig>,
+    /// `[tracing]` and the `OTEL_*` environment: OpenTelemetry export (`None`: off). Read at
+    /// start-up; a reload does not change it.
+    pub tracing: Option<crate::telemetry::otel::Settings>,
 }
 
 /// `[batch]`, checked.

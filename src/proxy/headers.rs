@@ -80,6 +80,15 @@ pub fn downstream_headers(backend: &HeaderMap) -> HeaderMap {
     out
 }
 
+/// Whether the backend answered with an event stream (a backend may answer a stream request
+/// with a whole JSON body; it is then read whole).
+pub fn is_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

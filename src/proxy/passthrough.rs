@@ -25,7 +25,11 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use serde_json::value::RawValue;
 
-use super::{classify, headers, pick_and_claim, read_body, read_capped, Claimed};
+use super::attempt::{attempt_span, classify, end_attempt_span, read_capped, MAX_ERROR_BODY};
+use super::headers;
+use super::pick::{pick_and_claim, Claimed};
+use super::prepare::read_body;
+use super::settlement::take_record;
 use crate::api::{wire, Usage};
 use crate::auth::Identity;
 use crate::config::{Config, PassTarget, PassthroughRule};
@@ -52,6 +56,13 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Body>) -> Response {
     let mut record = AccessRecord::new(request_id, LABEL, started);
     record.client = crate::telemetry::access::client_addr(req.extensions());
     let rt = gw.runtime();
+    if let Some(otel) = &gw.otel {
+        // named by the rule, not the path: a path may carry ids
+        if let Some(rule) = rule_for(&rt.config, req.uri().path()) {
+            let name = format!("{} {}", req.method(), rule.prefix);
+            record.trace = Some(otel.request(req.headers(), name));
+        }
+    }
     match forward(&gw, &rt, req, &mut record).await {
         Ok(resp) => resp,
         Err(err) => {
@@ -137,6 +148,11 @@ async fn forward(
         if let Some(ct) = client_headers.get(http::header::CONTENT_TYPE) {
             headers.insert(http::header::CONTENT_TYPE, ct.clone());
         }
+        let span = record.trace.as_ref().map(|t| {
+            let span = attempt_span(t, backend, backend_model, false);
+            span.inject(&mut headers);
+            span
+        });
         let timeouts = backend.config.timeouts;
         let deadline = tokio::time::Instant::now() + timeouts.response;
         backend.state.count_request();
@@ -150,9 +166,19 @@ async fn forward(
         )
         .await;
         let retries_left = attempt_no + 1 < config.routing.max_attempts;
+        let status = sent.as_ref().ok().map(|r| r.status().as_u16());
+        let n = attempt_no as usize + 1;
         match classify(config, backend, sent, retries_left, deadline, record).await {
-            Err(e) => last = Some(e),
+            Err(e) => {
+                if let Some(span) = &span {
+                    end_attempt_span(span, n, "retried", status, Some(e.label()));
+                }
+                last = Some(e);
+            }
             Ok(resp) => {
+                if let Some(span) = &span {
+                    end_attempt_span(span, n, "answered", status, None);
+                }
                 let permit = permit.with_backend(backend.name());
                 let answered = Answered {
                     resp,
@@ -269,7 +295,7 @@ async fn respond(
 ) -> Response {
     let status = a.resp.status();
     record.status = status.as_u16();
-    let mut settle = Settle::new(super::take_record(record));
+    let mut settle = Settle::new(take_record(record));
     settle.guard = Some(a.claimed.guard);
     settle.hooks.push(permit.into_hook());
     let (parts, body) = a.resp.into_parts();
@@ -280,7 +306,7 @@ async fn respond(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.starts_with("application/json"));
     if json || !status.is_success() {
-        let limit = config.server.max_response_bytes.max(super::MAX_ERROR_BODY);
+        let limit = config.server.max_response_bytes.max(MAX_ERROR_BODY);
         let idle = a.backend.config.timeouts.idle;
         let bytes = match read_capped(body, limit, idle, a.deadline).await {
             Ok(b) => b,

@@ -28,7 +28,9 @@ use std::time::Duration;
 use crate::upstream::Body as Incoming;
 use http::header;
 
-use super::{headers, rewrite, Answer, Claimed, Prepared};
+use super::attempt::{attempt_span, end_attempt_span, rewrite, Answer};
+use super::pick::Claimed;
+use super::{headers, Prepared};
 use crate::api::translate::{self, Reply};
 use crate::api::BodyForm;
 use crate::config::Config;
@@ -38,6 +40,7 @@ use crate::openai::ApiError;
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
+use crate::telemetry::otel::Phase;
 use crate::upstream::{self as forward, AttemptError};
 
 /// What a send ends with: a response head, or the failure that left none.
@@ -57,6 +60,8 @@ pub(super) struct Copy<'a> {
     /// The copy went to a backend that serves the API by translation: its chat completion is
     /// put back into the client API's shape.
     reply: Option<Arc<dyn Reply>>,
+    /// The attempt's span, when tracing is on: ended by the attempt with its outcome.
+    pub(super) span: Option<Phase>,
 }
 
 impl<'a> Copy<'a> {
@@ -92,6 +97,12 @@ impl<'a> Copy<'a> {
                 headers.insert(header::CONTENT_TYPE, ct.clone());
             }
         }
+        let span = record.trace.as_ref().map(|t| {
+            let span = attempt_span(t, backend, backend_model, !watch_hang);
+            // the engine's own span (vLLM's) becomes this attempt's child
+            span.inject(&mut headers);
+            span
+        });
         let timeouts = backend.config.timeouts;
         let head_timeout = if p.streaming {
             timeouts.first_byte
@@ -127,6 +138,20 @@ impl<'a> Copy<'a> {
             body_deadline: tokio::time::Instant::now() + timeouts.response,
             strip_usage,
             reply: translated.map(|t| t.reply.clone()),
+            span,
+        }
+    }
+
+    /// End this copy's span (when tracing): see [`end_attempt_span`].
+    pub(super) fn end_span(
+        &self,
+        attempt: usize,
+        outcome: &'static str,
+        status: Option<u16>,
+        why: Option<&str>,
+    ) {
+        if let Some(span) = &self.span {
+            end_attempt_span(span, attempt, outcome, status, why);
         }
     }
 
@@ -170,6 +195,7 @@ pub(super) fn cancel(p: &Prepared, copies: &[Copy<'_>]) {
     for c in copies {
         let backend = &p.resolved.candidates[c.claimed.idx].0;
         m::backend_request(backend.name(), "cancelled");
+        c.end_span(0, "cancelled", None, None);
     }
 }
 

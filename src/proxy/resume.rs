@@ -33,15 +33,18 @@ use crate::upstream::Body as Incoming;
 use bytes::Bytes;
 use http::HeaderMap;
 
+use super::Prepared;
 use crate::api::continuation::{Continuation, Transcript};
 use crate::api::{ClientApi, Edits};
-use crate::config::{BackendKind, PolicyKind};
+use crate::config::{BackendKind, Config, PolicyKind};
 use crate::fleet::{Backend, LoadGuard};
 use crate::gateway::Gateway;
 use crate::openai::RequestFields;
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
+use crate::telemetry::otel::{Phase, RequestTrace};
 use crate::upstream as forward;
+use opentelemetry::KeyValue;
 
 /// The continuation being set up: the backend answered, or why it did not.
 pub type Started<B> = Pin<Box<dyn Future<Output = Result<Switch<B>, String>> + Send>>;
@@ -152,9 +155,54 @@ pub(super) struct Continuer {
     pub tried: Vec<usize>,
     /// Sluice forced the stream's usage report: the client does not get it.
     pub strip_usage: bool,
+    /// The request's server span, when tracing: the continuation is a span under it.
+    pub trace: Option<RequestTrace>,
 }
 
 impl Continuer {
+    /// What continues this request's stream on another backend if it breaks after it was
+    /// committed (`routing.continue_streams`); `None` for an answer that is not
+    /// streamed, an API that cannot be continued, or a request pinned to one backend.
+    pub(super) fn for_request(
+        gw: &Arc<Gateway>,
+        config: &Config,
+        p: &Prepared,
+        tried: &[usize],
+        strip_usage: bool,
+        record: &AccessRecord,
+    ) -> Option<Continuer> {
+        if !config.routing.continue_streams || !p.streaming || p.pin.is_some() {
+            return None;
+        }
+        p.api.continuation()?;
+        // an adapter's stream continues only where the adapter is held: nothing is loaded mid-answer
+        let mut tried = tried.to_vec();
+        if let Some(a) = &p.resolved.adapter {
+            let candidates = &p.resolved.candidates;
+            let elsewhere: Vec<usize> = (0..candidates.len())
+                .filter(|&i| {
+                    !tried.contains(&i) && !candidates[i].0.state.adapters().holds(&a.name)
+                })
+                .collect();
+            tried.extend(elsewhere);
+        }
+        Some(Continuer {
+            gw: gw.clone(),
+            api: p.api,
+            body: p.body.clone(),
+            fields: p.fields.clone(),
+            candidates: p.resolved.candidates.clone(),
+            policy: p.policy,
+            input: p.input.clone(),
+            tenant: p.identity.tenant.clone(),
+            client_headers: p.client_headers.clone(),
+            request_id: record.request_id.clone(),
+            tried,
+            strip_usage,
+            trace: record.trace.clone(),
+        })
+    }
+
     /// The observer's state for a stream of this request.
     pub(super) fn into_resume(self) -> Option<Resume<Incoming>> {
         let api = self.api.continuation()?;
@@ -171,10 +219,39 @@ impl Continuer {
         ))
     }
 
+    /// Continue on another backend; with tracing, as a `sluice.continuation` span (the
+    /// backend, the tokens streamed before the break, why it could not be continued).
     async fn run(
         self,
         cont: &'static dyn Continuation,
         t: Transcript,
+    ) -> Result<Switch<Incoming>, String> {
+        let Some(span) = self.trace.as_ref().map(|t| t.phase("sluice.continuation")) else {
+            return self.switch(cont, t, None).await;
+        };
+        span.set(|| [KeyValue::new("sluice.streamed_tokens", t.tokens as i64)]);
+        let switched = self.switch(cont, t, Some(&span)).await;
+        match &switched {
+            Ok(s) => span.set(|| {
+                [KeyValue::new(
+                    "sluice.backend",
+                    s.backend.name().to_string(),
+                )]
+            }),
+            Err(why) => {
+                span.set(|| [KeyValue::new("sluice.continuation.error", why.clone())]);
+                span.fail("continuation_failed");
+            }
+        }
+        span.end();
+        switched
+    }
+
+    async fn switch(
+        self,
+        cont: &'static dyn Continuation,
+        t: Transcript,
+        span: Option<&Phase>,
     ) -> Result<Switch<Incoming>, String> {
         let rt = self.gw.runtime();
         let config = &rt.config;
@@ -184,7 +261,7 @@ impl Continuer {
                 tried.push(i);
             }
         }
-        let claimed = super::pick_or_wait(
+        let claimed = super::pick::pick_or_wait(
             &self.gw,
             config,
             self.policy,
@@ -200,11 +277,15 @@ impl Continuer {
         let body = cont
             .body(&self.body, &t, backend.kind(), model)
             .ok_or("nothing is left to generate, or the answer so far cannot be continued")?;
-        let headers = super::headers::upstream_headers(
+        let mut headers = super::headers::upstream_headers(
             &self.client_headers,
             &self.request_id,
             backend.config.api_key.as_deref(),
         );
+        if let Some(span) = span {
+            span.set(|| [KeyValue::new("sluice.backend", backend.name().to_string())]);
+            span.inject(&mut headers);
+        }
         let timeouts = backend.config.timeouts;
         let deadline = tokio::time::Instant::now() + timeouts.response;
         backend.state.count_request();
@@ -222,10 +303,10 @@ impl Continuer {
             std::time::Instant::now(),
         );
         record.attempts = self.tried.len() as u32 + 1;
-        let resp = super::classify(config, backend, sent, false, deadline, &record)
+        let resp = super::attempt::classify(config, backend, sent, false, deadline, &record)
             .await
             .map_err(|e| e.message)?;
-        if !resp.status().is_success() || !super::is_sse(resp.headers()) {
+        if !resp.status().is_success() || !super::headers::is_sse(resp.headers()) {
             return Err(format!(
                 "backend `{}` answered the continuation with status {}",
                 backend.name(),

@@ -24,15 +24,17 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 
+use super::attempt::{read_capped, MAX_ERROR_BODY};
+use super::headers;
 use super::observe::Redactor;
 use super::sse::{event_data_borrowed, lines, SseScanner};
-use super::{headers, read_capped, MAX_ERROR_BODY};
 use crate::api::{ClientApi, Edits, Pin};
 use crate::fleet::Backend;
 use crate::gateway::Gateway;
 use crate::openai::error::from_backend_redacted;
 use crate::openai::ApiError;
 use crate::telemetry::access::AccessRecord;
+use opentelemetry::KeyValue;
 
 /// Which call on the stored object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +73,10 @@ pub async fn handle(
     let request_id = crate::telemetry::access::request_id(req.headers());
     let mut record = AccessRecord::new(request_id, api.label(), started);
     record.client = crate::telemetry::access::client_addr(req.extensions());
+    if let Some(otel) = &gw.otel {
+        let name = format!("{} {}/{{id}}", call.method(), api.path());
+        record.trace = Some(otel.request(req.headers(), name));
+    }
     let result = forward(&gw, api, call, &id, req, &mut record).await;
     let response = result.unwrap_or_else(|err| {
         record.error = Some(err.label().to_string());
@@ -152,11 +158,22 @@ async fn call_holder(
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
     let path = format!("{}/{}{}{query}", api.path(), pin.backend_id, call.suffix());
-    let headers = headers::upstream_headers(
+    let mut headers = headers::upstream_headers(
         req.headers(),
         &record.request_id,
         backend.config.api_key.as_deref(),
     );
+    let span = record.trace.as_ref().map(|t| {
+        let span = t.phase("sluice.stored_lookup");
+        span.set(|| {
+            [
+                KeyValue::new("sluice.backend", backend.name().to_string()),
+                KeyValue::new("sluice.tenant", tenant.to_string()),
+            ]
+        });
+        span.inject(&mut headers);
+        span
+    });
     let timeout = backend.config.timeouts.response;
     let deadline = tokio::time::Instant::now() + timeout;
     let sent = crate::upstream::send_method(
@@ -168,6 +185,18 @@ async fn call_holder(
         timeout,
     )
     .await;
+    if let Some(span) = span {
+        match &sent {
+            Ok(r) => span.set(|| {
+                [KeyValue::new(
+                    "http.response.status_code",
+                    i64::from(r.status().as_u16()),
+                )]
+            }),
+            Err(e) => span.fail(e.label()),
+        }
+        span.end();
+    }
     let resp = sent.map_err(|e| {
         tracing::warn!(request_id = %record.request_id, backend = backend.name(), "stored call failed: {e}");
         pin.unavailable(backend.name())
@@ -179,7 +208,7 @@ async fn call_holder(
         ..Edits::default()
     };
     let idle = backend.config.timeouts.idle;
-    if status.is_success() && super::is_sse(resp.headers()) {
+    if status.is_success() && headers::is_sse(resp.headers()) {
         record.stream = true;
         let (parts, body) = resp.into_parts();
         let relay = Relay::new(api, body, edits, idle);

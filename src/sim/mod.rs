@@ -55,6 +55,7 @@
 //! - `GET /sim/state`: `{"kind","speed","mode","fault":{…},"waiting","running","max_num_seqs",
 //!   "models":[{"name","waiting","running","kv_used_tokens","kv_capacity_tokens","kv_usage",
 //!   "prefix_cache_queries","prefix_cache_hits","prompt_tokens","generation_tokens","loaded",…}],
+//!   "traceparents":[the last 64 `traceparent` headers of inference requests, oldest first],
 //!   "counters":{"requests_total","by_status":{"200":n,…},"tokens_in","tokens_out",
 //!   "prefix_cache_hits","overloaded"}}`.
 //!

@@ -118,7 +118,14 @@ pub(crate) struct Sim {
     loras: Option<Registry>,
     /// vLLM's `lora_requests_info` series, written by the engine (`--enable-lora`).
     lora_info: Option<Arc<LoraInfo>>,
+    /// The W3C `traceparent` of the last [`TRACEPARENTS_KEPT`] inference requests that had
+    /// one: a real vLLM makes its request span a child of it (`--otlp-traces-endpoint`);
+    /// the simulator shows what it was given in `/sim/state`.
+    traceparents: std::sync::Mutex<std::collections::VecDeque<String>>,
 }
+
+/// How many received `traceparent` headers `/sim/state` shows.
+const TRACEPARENTS_KEPT: usize = 64;
 
 impl Sim {
     /// The simulator of `config`, its schedulers and its KV-event publisher started (inside a
@@ -190,6 +197,7 @@ impl Sim {
             kv,
             loras,
             lora_info,
+            traceparents: Default::default(),
             config,
         })
     }
@@ -384,6 +392,17 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Result<Response<SimBod
     let path = req.uri().path();
     if path.starts_with("/sim/") {
         return Ok(control(&sim, req).await);
+    }
+    if let Some(tp) = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+    {
+        let mut kept = sim.traceparents.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() == TRACEPARENTS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(tp.to_string());
     }
     match sim.fault.mode() {
         FaultMode::Healthy => {}
@@ -607,6 +626,11 @@ pub(crate) fn state_json(sim: &Sim) -> Vec<u8> {
         "waiting": waiting,
         "running": running,
         "models": models,
+        "traceparents": sim
+            .traceparents
+            .lock()
+            .map(|k| k.iter().cloned().collect::<Vec<_>>())
+            .unwrap_or_default(),
         "counters": {
             "requests_total": c.requests_total.load(Relaxed),
             "by_status": by_status,

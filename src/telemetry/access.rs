@@ -58,6 +58,8 @@ pub struct AccessRecord {
     pub cancelled: bool,
     /// The token counts are the gateway's estimate (the backend reported none).
     pub usage_estimated: bool,
+    /// The request's server span, when tracing is on (`[tracing]`): ended with this record.
+    pub trace: Option<super::otel::RequestTrace>,
 }
 
 impl AccessRecord {
@@ -79,6 +81,7 @@ impl AccessRecord {
             error: None,
             cancelled: false,
             usage_estimated: false,
+            trace: None,
         }
     }
 
@@ -87,6 +90,11 @@ impl AccessRecord {
         let duration = self.started.elapsed();
         let class = m::status_class(self.status);
         let backend = self.backend.as_deref().unwrap_or("-");
+        let ids = self.trace.as_ref().and_then(|t| t.ids());
+        let (trace_id, span_id) = match &ids {
+            Some((t, s)) => (Some(t.as_str()), Some(s.as_str())),
+            None => (None, None),
+        };
         tracing::info!(
             target: "sluice::access",
             request_id = %self.request_id,
@@ -105,8 +113,13 @@ impl AccessRecord {
             error = self.error.as_deref(),
             cancelled = self.cancelled,
             usage_estimated = self.usage_estimated,
+            trace_id,
+            span_id,
             "request"
         );
+        if let Some(trace) = &self.trace {
+            self.end_span(trace, backend);
+        }
         let handles = request_handles(self.endpoint, &self.model, &self.tenant, backend, class);
         handles.requests.increment(1);
         handles.duration.record(duration.as_secs_f64());
@@ -119,6 +132,40 @@ impl AccessRecord {
         if let Some(c) = self.completion_tokens {
             handles.completion_tokens.increment(c);
         }
+    }
+}
+
+impl AccessRecord {
+    /// End the server span with what the access line says (GenAI conventions' names).
+    fn end_span(&self, trace: &super::otel::RequestTrace, backend: &str) {
+        use opentelemetry::KeyValue;
+        if !trace.recording() {
+            return; // (an unsampled span records nothing and ends with its last handle)
+        }
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.request.model", self.model.clone()),
+            KeyValue::new("sluice.tenant", self.tenant.clone()),
+            KeyValue::new("sluice.backend", backend.to_string()),
+            KeyValue::new("sluice.attempts", i64::from(self.attempts)),
+            KeyValue::new("sluice.stream", self.stream),
+        ];
+        let tokens = [
+            ("gen_ai.usage.input_tokens", self.prompt_tokens),
+            ("gen_ai.usage.output_tokens", self.completion_tokens),
+        ];
+        for (key, n) in tokens {
+            if let Some(n) = n {
+                attrs.push(KeyValue::new(key, n as i64));
+            }
+        }
+        if self.cancelled {
+            attrs.push(KeyValue::new("sluice.cancelled", true));
+        }
+        trace.set(|| attrs);
+        if let Some(ttft) = self.ttft {
+            trace.event_after("sluice.first_token", ttft);
+        }
+        trace.end(self.status, self.error.as_deref());
     }
 }
 

@@ -87,6 +87,11 @@ pub const QUEUE_DEPTH: &str = "sluice_queue_depth";
 pub const QUEUE_WAIT_SECONDS: &str = "sluice_queue_wait_seconds";
 /// Requests refused by the wait queue, by `reason` (full|timeout).
 pub const QUEUE_REJECTIONS_TOTAL: &str = "sluice_queue_rejections_total";
+/// OpenTelemetry spans sent to the collector (`[tracing]`).
+pub const OTEL_SPANS_EXPORTED_TOTAL: &str = "sluice_otel_spans_exported_total";
+/// OpenTelemetry spans dropped, by `reason` (queue_full|export_failed): the queue was full, or
+/// the collector did not take their batch (down, unreachable, refusing).
+pub const OTEL_SPANS_DROPPED_TOTAL: &str = "sluice_otel_spans_dropped_total";
 /// Run-time membership changes, by `source` (registration|expiry|dns|deregistration).
 pub const MEMBERSHIP_CHANGES_TOTAL: &str = "sluice_membership_changes_total";
 /// Requests refused by a tenant limit; labels `tenant`, `scope` (key|tenant), `limit`

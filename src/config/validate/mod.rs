@@ -17,6 +17,7 @@ mod passthrough;
 mod routing;
 mod server;
 mod tls;
+mod tracing;
 
 use std::collections::HashSet;
 use std::fmt::Display;
@@ -60,6 +61,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         .batch
         .as_ref()
         .map(|b| batch::batch(&mut p, b, &passthrough));
+    let tracing = tracing::tracing(&mut p, &f.tracing, env);
     if !p.0.is_empty() {
         return Err(p.0);
     }
@@ -86,6 +88,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
         source: None,
         trace,
         batch,
+        tracing,
     })
 }
 

@@ -9,6 +9,7 @@
 pub mod chromium;
 pub mod kv;
 pub mod net;
+pub mod otlp;
 pub mod poll;
 pub mod process;
 pub mod raw;

@@ -1,0 +1,236 @@
+//! The pick phase: which backend an attempt goes to, with its slot taken ([`Claimed`]).
+//! A native backend first when some candidates serve only by translation; else the policy's
+//! choice; when every untried candidate is at its concurrency cap, the fair queue.
+//!
+//! Invariants: only routable backends are picked (healthy or unknown first, overloaded or
+//! loading as a last resort); a claimed slot is held by a guard released on every exit path;
+//! a queued request waits at most `queue.timeout` and is refused with `Retry-After`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+
+use super::Prepared;
+use crate::config::{Config, PolicyKind};
+use crate::fleet::queue::QueueError;
+use crate::fleet::{Backend, LoadGuard};
+use crate::gateway::Gateway;
+use crate::openai::ApiError;
+use crate::routing::{RouteInput, Router};
+use crate::telemetry::access::AccessRecord;
+use crate::telemetry::metrics as m;
+use opentelemetry::KeyValue;
+
+/// How long clients are told to wait when no backend can take their request.
+pub(super) const NO_BACKEND_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// While queued, route again at least this often (health changes free no slot).
+pub(super) const QUEUE_RECHECK: Duration = Duration::from_millis(50);
+
+/// Upper bound on routing rounds of one queued request.
+pub(super) const MAX_QUEUE_ROUNDS: u32 = 100_000;
+
+/// The backend chosen for one attempt, with its slot already taken.
+pub(super) struct Claimed {
+    /// Index into the request's candidates.
+    pub(super) idx: usize,
+    /// The request's share of the backend's load (and, under a cap, its slot).
+    pub(super) guard: LoadGuard,
+    /// Whether the request will queue inside the engine: its TTFT then says little about the
+    /// backend's prefill speed.
+    pub(super) queued: bool,
+    /// Prompt tokens the backend held in its cache when it was chosen, by its KV events.
+    pub(super) cached: Option<u64>,
+    /// The request's use of its LoRA adapter there (so that adapter is not unloaded under it).
+    pub(super) _adapter: Option<crate::fleet::adapters::AdapterUse>,
+}
+
+/// The backend for the next attempt: a native one first when some candidates serve only by
+/// translation, else the policy's pick, waiting in the fair queue when all are at their cap.
+/// With tracing, one routing span: candidates, the chosen backend, what routing expected there.
+pub(super) async fn pick(
+    gw: &Gateway,
+    config: &Config,
+    p: &Prepared,
+    tried: &[usize],
+    record: &AccessRecord,
+) -> Result<Option<Claimed>, ApiError> {
+    let span = record.trace.as_ref().map(|t| t.phase("sluice.routing"));
+    let started = span.as_ref().map(|_| Instant::now());
+    let claimed = match pick_native(gw, config, p, tried) {
+        Some(claimed) => Ok(Some(claimed)),
+        None => {
+            let (candidates, tenant) = (&p.resolved.candidates, &p.identity.tenant);
+            pick_or_wait(gw, config, p.policy, candidates, tried, &p.input, tenant).await
+        }
+    };
+    if let (Some(span), Some(started)) = (span, started) {
+        span.set(|| routed(p, tried, &claimed, started.elapsed()));
+        if let Err(e) = &claimed {
+            span.fail(e.label());
+        }
+        span.end();
+    }
+    claimed
+}
+
+/// The routing span's attributes.
+fn routed(
+    p: &Prepared,
+    tried: &[usize],
+    claimed: &Result<Option<Claimed>, ApiError>,
+    took: Duration,
+) -> Vec<KeyValue> {
+    let mut attrs = vec![
+        KeyValue::new("sluice.routing.policy", p.policy.as_str()),
+        KeyValue::new(
+            "sluice.routing.candidates",
+            p.resolved.candidates.len() as i64,
+        ),
+        KeyValue::new("sluice.routing.tried", tried.len() as i64),
+        KeyValue::new("sluice.routing.wait_ms", took.as_secs_f64() * 1000.0),
+    ];
+    if let Ok(Some(c)) = claimed {
+        let backend = &p.resolved.candidates[c.idx].0;
+        attrs.push(KeyValue::new("sluice.backend", backend.name().to_string()));
+        attrs.push(KeyValue::new("sluice.routing.engine_queue", c.queued));
+        // the score's expected seconds there (to the first token for a stream), with this
+        // request's own load already claimed
+        let (candidates, input) = (&p.resolved.candidates, &p.input);
+        let expected = crate::routing::expected_head_seconds(candidates, c.idx, input, p.streaming);
+        if expected < f64::MAX {
+            attrs.push(KeyValue::new("sluice.routing.expected_seconds", expected));
+        }
+        if let Some(cached) = c.cached {
+            attrs.push(KeyValue::new(
+                "sluice.routing.cached_prefix_tokens",
+                cached as i64,
+            ));
+        }
+    }
+    attrs
+}
+
+/// For a request some candidates serve only by translation: a backend that speaks its API
+/// natively, when one can take it now (it keeps every field, and stored state where the engine
+/// keeps it). `None`: no translation involved, or no native backend can take it now; the
+/// normal pick then chooses among all candidates, so translated backends take the overflow
+/// and the failover.
+fn pick_native(gw: &Gateway, config: &Config, p: &Prepared, tried: &[usize]) -> Option<Claimed> {
+    p.translation.as_ref()?;
+    let candidates = &p.resolved.candidates;
+    let mut excluded = tried.to_vec();
+    excluded.extend((0..candidates.len()).filter(|i| !p.api.native(candidates[*i].0.kind())));
+    excluded.sort_unstable();
+    excluded.dedup();
+    if excluded.len() >= candidates.len() {
+        return None;
+    }
+    pick_and_claim(gw, config, p.policy, candidates, &excluded, &p.input)
+}
+
+/// Route, then take the chosen backend's slot. Routing reads the counters without holding
+/// them, so a concurrent request can take the last slot between the pick and the claim; the
+/// next pick then sees that backend full. Bounded: each lost race means another request got
+/// a slot.
+pub(super) fn pick_and_claim(
+    gw: &Gateway,
+    config: &Config,
+    policy: PolicyKind,
+    candidates: &[(Arc<Backend>, String)],
+    tried: &[usize],
+    input: &RouteInput,
+) -> Option<Claimed> {
+    for _ in 0..=candidates.len() {
+        let idx = gw.router.pick(config, policy, candidates, tried, input)?;
+        let (backend, backend_model) = &candidates[idx];
+        let queued = crate::routing::score::would_queue(backend, backend_model);
+        let cap = backend.cap();
+        let Some(guard) = LoadGuard::claim(backend.state.clone(), input.load_on(backend), cap)
+        else {
+            continue;
+        };
+        let guard = if cap.is_some() {
+            guard.waking(gw.queue.clone())
+        } else {
+            guard
+        };
+        let cached = input.cached_on(backend);
+        let adapter = input.adapter.as_deref();
+        return Some(Claimed {
+            idx,
+            guard,
+            queued,
+            cached,
+            _adapter: adapter.map(|a| backend.state.adapters().begin(a)),
+        });
+    }
+    None
+}
+
+/// Pick a backend; when every untried routable candidate is at its concurrency cap, wait in the
+/// gateway's fair queue (by tenant) for a slot, up to `queue.timeout`. `Ok(None)`: nothing is
+/// routable (or all were tried); `Err`: the queue is full or the wait timed out (503 +
+/// `Retry-After`).
+pub(super) async fn pick_or_wait(
+    gw: &Gateway,
+    config: &Config,
+    policy: PolicyKind,
+    candidates: &[(Arc<Backend>, String)],
+    tried: &[usize],
+    input: &RouteInput,
+    tenant: &str,
+) -> Result<Option<Claimed>, ApiError> {
+    if let Some(c) = pick_and_claim(gw, config, policy, candidates, tried, input) {
+        return Ok(Some(c));
+    }
+    if !Router::saturated(candidates, tried) {
+        return Ok(None);
+    }
+    let q = config.queue;
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + q.timeout;
+    let refuse = |reason, why| queue_refusal(gw, reason, why);
+    let mut ticket = match gw.queue.enter(tenant, 1.0, q.size) {
+        Ok(t) => t,
+        Err(e) => return Err(refuse("full", e)),
+    };
+    metrics::gauge!(m::QUEUE_DEPTH).set(gw.queue.len() as f64);
+    for _ in 0..MAX_QUEUE_ROUNDS {
+        if let Err(e) = ticket.wait(deadline, QUEUE_RECHECK).await {
+            drop(ticket);
+            metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "timeout")
+                .record(started.elapsed().as_secs_f64());
+            return Err(refuse("timeout", e));
+        }
+        if let Some(c) = pick_and_claim(gw, config, policy, candidates, tried, input) {
+            drop(ticket);
+            metrics::gauge!(m::QUEUE_DEPTH).set(gw.queue.len() as f64);
+            metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "routed")
+                .record(started.elapsed().as_secs_f64());
+            return Ok(Some(c));
+        }
+        if !Router::saturated(candidates, tried) {
+            return Ok(None);
+        }
+    }
+    Err(refuse("timeout", QueueError::Timeout))
+}
+
+/// The 503 of a request the fair queue refused (`full`) or gave up on (`timeout`), counted.
+fn queue_refusal(gw: &Gateway, reason: &'static str, why: QueueError) -> ApiError {
+    metrics::counter!(m::QUEUE_REJECTIONS_TOTAL, "reason" => reason).increment(1);
+    metrics::gauge!(m::QUEUE_DEPTH).set(gw.queue.len() as f64);
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        format!("Every backend for this model is at its concurrency limit ({why}). Please retry."),
+    )
+    .with_code(if reason == "full" {
+        "queue_full"
+    } else {
+        "queue_timeout"
+    })
+    .with_retry_after(NO_BACKEND_RETRY_AFTER)
+}

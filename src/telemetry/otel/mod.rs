@@ -1,0 +1,157 @@
+//! OpenTelemetry traces (`[tracing]`): a span per request and per phase, exported over OTLP
+//! (HTTP/protobuf or gRPC), with the W3C trace context taken from the client and passed to
+//! every backend attempt, so an engine's own span (vLLM's) joins the client's trace.
+//!
+//! ```text
+//! Tracing::start(settings, main runtime)   provider: parent-based ratio sampler, resource,
+//!                                           the span queue (batch) → OTLP exporter
+//! Tracing::request(headers, name)           the server span, child of the client's
+//!                                           `traceparent` when it sent one ([`RequestTrace`])
+//! RequestTrace::phase(name)                 a phase's span under it ([`Phase`]);
+//! Phase::inject(headers)                    `traceparent`/`tracestate` for a backend
+//! ```
+//!
+//! Each gateway owns its provider (built from its config), so several gateways in one process
+//! (the tests) trace apart, and spans are made with the OpenTelemetry API directly rather than
+//! through the process-wide `tracing` subscriber.
+//!
+//! Invariants: with tracing off nothing here runs — the request path holds `None` and makes
+//! no span, no allocation; a span never carries a key or prompt text, only the attribute
+//! names of the OpenTelemetry GenAI conventions and Sluice's own (`sluice.*`); exporting
+//! never blocks a request ([`batch`]).
+
+mod batch;
+mod span;
+
+use std::time::Duration;
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::tonic_types::metadata::MetadataMap;
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::Resource;
+
+pub use span::{Phase, RequestTrace};
+
+/// How spans reach the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// `http/protobuf`: `POST {endpoint}/v1/traces` (OTLP/HTTP, port 4318 by convention).
+    HttpProtobuf,
+    /// `grpc`: OTLP/gRPC (port 4317 by convention).
+    Grpc,
+}
+
+/// What export needs, checked (from `[tracing]` and the `OTEL_*` environment, by `config`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// The URL spans are sent to: for `http/protobuf` the full traces URL (`…/v1/traces`).
+    pub endpoint: String,
+    pub protocol: Protocol,
+    /// Share of new traces sampled (0.0–1.0); a client's sampled flag decides for its own.
+    pub sample_ratio: f64,
+    pub service_name: String,
+    /// Extra headers (or gRPC metadata) on every export, e.g. a collector's auth.
+    pub headers: Vec<(String, String)>,
+    /// Resource attributes beside `service.name`.
+    pub resource: Vec<(String, String)>,
+    /// Most spans waiting for export; more are dropped and counted.
+    pub queue_size: usize,
+    /// Longest a finished span waits before its batch is sent.
+    pub export_interval: Duration,
+    /// Bound on one export.
+    pub export_timeout: Duration,
+}
+
+/// Why tracing could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum OtelError {
+    #[error("cannot build the OTLP exporter: {0}")]
+    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+}
+
+/// A gateway's tracing: its provider and tracer.
+#[derive(Debug)]
+pub struct Tracing {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+    propagator: TraceContextPropagator,
+}
+
+impl Tracing {
+    /// Build the exporter and the provider, and start the export task on `runtime`.
+    pub fn start(
+        settings: &Settings,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<Tracing, OtelError> {
+        // gRPC's channel and the HTTP client are made inside the runtime that runs them.
+        let _entered = runtime.enter();
+        let exporter = exporter(settings)?;
+        let batcher = batch::Batcher::new(exporter, settings.queue_size);
+        let starter = batcher.starter();
+        let mut resource =
+            Resource::builder_empty().with_service_name(settings.service_name.clone());
+        for (k, v) in &settings.resource {
+            resource = resource.with_attribute(KeyValue::new(k.clone(), v.clone()));
+        }
+        let ratio = Sampler::TraceIdRatioBased(settings.sample_ratio);
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(batcher)
+            .with_sampler(Sampler::ParentBased(Box::new(ratio)))
+            .with_resource(resource.build())
+            .build();
+        starter.start(runtime, settings.export_interval);
+        let tracer = provider.tracer("sluice");
+        Ok(Tracing {
+            provider,
+            tracer,
+            propagator: TraceContextPropagator::new(),
+        })
+    }
+
+    /// The server span of one request named `name` (`POST /v1/chat/completions`), a child of
+    /// the client's `traceparent` when it sent a valid one.
+    pub fn request(&self, headers: &http::HeaderMap, name: String) -> RequestTrace {
+        let parent = self.propagator.extract(&span::Headers(headers));
+        RequestTrace::start(&self.tracer, &parent, name)
+    }
+
+    /// The provider (tests force a flush through it).
+    pub fn provider(&self) -> &SdkTracerProvider {
+        &self.provider
+    }
+}
+
+fn exporter(s: &Settings) -> Result<opentelemetry_otlp::SpanExporter, OtelError> {
+    let builder = opentelemetry_otlp::SpanExporter::builder();
+    Ok(match s.protocol {
+        Protocol::HttpProtobuf => builder
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(s.endpoint.clone())
+            .with_timeout(s.export_timeout)
+            .with_headers(s.headers.iter().cloned().collect())
+            .build()?,
+        Protocol::Grpc => {
+            let mut headers = http::HeaderMap::new();
+            for (k, v) in &s.headers {
+                // (config checked that each is a valid header name and value)
+                if let (Ok(k), Ok(v)) = (
+                    http::HeaderName::from_bytes(k.as_bytes()),
+                    http::HeaderValue::from_str(v),
+                ) {
+                    headers.insert(k, v);
+                }
+            }
+            builder
+                .with_tonic()
+                .with_endpoint(s.endpoint.clone())
+                .with_timeout(s.export_timeout)
+                .with_metadata(MetadataMap::from_headers(headers))
+                .build()?
+        }
+    })
+}

@@ -1,0 +1,459 @@
+//! OpenTelemetry traces (issue 32): Sluice's spans received by an OTLP/HTTP receiver and
+//! checked field by field — the client's `traceparent` honoured, each phase a span, a
+//! failover as two attempts with the reason, a continued stream as a span of its trace, the
+//! attempt's context passed to the engine (the simulator records it, as vLLM takes it), and a
+//! collector that is down leaving requests unaffected with the dropped spans counted.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice::sim::{Fault, FaultMode, SimKind};
+
+use crate::support;
+use support::otlp::{named, one, Receiver, Span};
+use support::*;
+
+const MODEL: &str = "m";
+/// What the client asks; it must appear in no span.
+const PROMPT: &str = "a secret prompt about otters";
+
+/// A gateway over `backends` (name, url) of vLLM sims serving [`MODEL`], round-robin, with
+/// `tracing` (a `[tracing]` section).
+async fn gateway(backends: &[(&str, String)], tracing: &str) -> TestGateway {
+    let mut t = format!("[routing]\npolicy = \"round-robin\"\n{tracing}\n{FAST_HEALTH}");
+    for (name, url) in backends {
+        t.push_str(&backend(name, "vllm", url, &[MODEL]));
+    }
+    TestGateway::start_healthy(&t).await
+}
+
+/// A chat request with the client's `traceparent`; the response's status and text.
+async fn chat(g: &TestGateway, traceparent: &str, stream: bool) -> (u16, String) {
+    let body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 12,
+        "stream": stream,
+    });
+    let resp = client()
+        .post(g.url("/v1/chat/completions"))
+        .header("traceparent", traceparent)
+        .header("tracestate", "vendor=client")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.text().await.unwrap())
+}
+
+/// A client's trace context: a fresh trace id and parent span id, sampled or not.
+fn client_context(sampled: bool) -> (String, String, String) {
+    let trace = format!("{:032x}", rand::random::<u128>() | 1);
+    let parent = format!("{:016x}", rand::random::<u64>() | 1);
+    let flags = if sampled { "01" } else { "00" };
+    let header = format!("00-{trace}-{parent}-{flags}");
+    (trace, parent, header)
+}
+
+/// The `traceparent` headers a simulator received.
+fn received(sim: &sluice::sim::SimHandle) -> Vec<String> {
+    let state = sim.state();
+    state["traceparents"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// No span carries the prompt's text.
+fn no_prompt(spans: &[Span]) {
+    for s in spans {
+        for (k, v) in &s.attrs {
+            assert!(
+                !v.contains("otters"),
+                "{}.{k} carries the prompt: {v}",
+                s.name
+            );
+        }
+    }
+}
+
+/// The trace is complete once its server span arrived (it ends last).
+fn has_server(spans: &[Span]) -> bool {
+    spans.iter().any(|s| s.kind == 2)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_trace_holds_sluices_phases_and_reaches_the_engine() {
+    let receiver = Receiver::start().await;
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let g = gateway(&[("a", a.url())], &receiver.config()).await;
+    let (trace, parent, header) = client_context(true);
+    let (status, text) = chat(&g, &header, false).await;
+    assert_eq!(status, 200, "{text}");
+    let spans = receiver.trace(&trace, has_server).await;
+    no_prompt(&spans);
+
+    let server = one(&spans, "POST /v1/chat/completions");
+    assert_eq!(server.kind, 2, "a server span");
+    assert_eq!(
+        server.parent_span_id, parent,
+        "the client's span is its parent"
+    );
+    assert_eq!(server.service, "sluice-test");
+    for (key, want) in [
+        ("gen_ai.operation.name", "chat"),
+        ("gen_ai.request.model", MODEL),
+        ("gen_ai.response.model", MODEL),
+        ("sluice.backend", "a"),
+        ("sluice.tenant", "anonymous"),
+        ("http.response.status_code", "200"),
+        ("sluice.attempts", "1"),
+    ] {
+        assert_eq!(server.attr(key), want, "{key}");
+    }
+    let output: u64 = server.attr("gen_ai.usage.output_tokens").parse().unwrap();
+    assert!(output > 0 && output <= 12, "{output}");
+    assert!(
+        server
+            .attr("gen_ai.usage.input_tokens")
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+
+    let admission = one(&spans, "sluice.admission");
+    assert_eq!(admission.parent_span_id, server.span_id);
+    assert_eq!(admission.attr("gen_ai.request.max_tokens"), "12");
+    assert_eq!(admission.attr("sluice.tenant"), "anonymous");
+    let routing = one(&spans, "sluice.routing");
+    assert_eq!(routing.parent_span_id, server.span_id);
+    assert_eq!(routing.attr("sluice.backend"), "a");
+    assert_eq!(routing.attr("sluice.routing.candidates"), "1");
+    assert_eq!(routing.attr("sluice.routing.policy"), "round-robin");
+    assert!(
+        routing
+            .attr("sluice.routing.expected_seconds")
+            .parse::<f64>()
+            .unwrap()
+            >= 0.0
+    );
+    let attempt = one(&spans, "sluice.attempt");
+    assert_eq!(attempt.parent_span_id, server.span_id);
+    assert_eq!(attempt.attr("sluice.backend"), "a");
+    assert_eq!(attempt.attr("server.address"), "127.0.0.1");
+    assert_eq!(attempt.attr("server.port"), a.addr().port().to_string());
+    assert_eq!(attempt.attr("sluice.attempt.outcome"), "answered");
+    assert_eq!(attempt.attr("http.response.status_code"), "200");
+    let response = one(&spans, "sluice.response");
+    assert_eq!(response.parent_span_id, server.span_id);
+    assert_eq!(response.attr("sluice.complete"), "true");
+
+    // The engine was given the attempt's context: its span joins the trace under the attempt.
+    let want = format!("00-{trace}-{}-01", attempt.span_id);
+    assert!(
+        received(&a).contains(&want),
+        "{want} not in {:?}",
+        received(&a)
+    );
+
+    // A client's unsampled trace: no span is exported, and the engine is told "not sampled".
+    let (trace, parent, header) = client_context(false);
+    let (status, _) = chat(&g, &header, false).await;
+    assert_eq!(status, 200);
+    let forwarded = received(&a);
+    let last = forwarded.last().unwrap();
+    assert!(
+        last.starts_with(&format!("00-{trace}-")) && last.ends_with("-00"),
+        "{last}"
+    );
+    assert!(
+        !last.contains(&parent),
+        "the engine's parent is Sluice's span, not the client's"
+    );
+    // (the sampled trace's spans came in the same batches; none of this one's did)
+    let (t2, _, h2) = client_context(true);
+    chat(&g, &h2, false).await;
+    receiver.trace(&t2, has_server).await;
+    assert!(receiver.spans().iter().all(|s| s.trace_id != trace));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_is_two_attempts_of_one_trace_with_the_reason() {
+    let receiver = Receiver::start().await;
+    let (a, b) = (
+        sim(SimKind::Vllm, &[MODEL]).await,
+        sim(SimKind::Vllm, &[MODEL]).await,
+    );
+    let g = gateway(&[("a", a.url()), ("b", b.url())], &receiver.config()).await;
+    a.set_fault(Fault::mode(FaultMode::Overloaded)).unwrap();
+    // Round-robin sends one of the first two requests to `a` first.
+    let mut failed_over = None;
+    for _ in 0..2 {
+        let (trace, _, header) = client_context(true);
+        let (status, text) = chat(&g, &header, false).await;
+        assert_eq!(status, 200, "{text}");
+        let spans = receiver.trace(&trace, has_server).await;
+        if named(&spans, "sluice.attempt").len() == 2 {
+            failed_over = Some(spans);
+        }
+    }
+    let spans = failed_over.expect("one request was sent to `a` first");
+    no_prompt(&spans);
+    let server = one(&spans, "POST /v1/chat/completions");
+    assert_eq!(server.attr("sluice.attempts"), "2");
+    assert_eq!(server.attr("sluice.backend"), "b");
+    let attempts = named(&spans, "sluice.attempt");
+    let first = attempts
+        .iter()
+        .find(|s| s.attr("sluice.attempt") == "1")
+        .unwrap();
+    let second = attempts
+        .iter()
+        .find(|s| s.attr("sluice.attempt") == "2")
+        .unwrap();
+    assert_eq!(first.attr("sluice.backend"), "a");
+    assert_eq!(first.attr("sluice.attempt.outcome"), "retried");
+    assert_eq!(first.attr("http.response.status_code"), "503");
+    assert!(!first.attr("sluice.retry.reason").is_empty());
+    assert_eq!(first.attr("error.type"), first.attr("sluice.retry.reason"));
+    assert_eq!(first.status, 2, "an error status");
+    assert_eq!(second.attr("sluice.backend"), "b");
+    assert_eq!(second.attr("sluice.attempt.outcome"), "answered");
+    // Two routing rounds, one per attempt, under the same server span.
+    let routings = named(&spans, "sluice.routing");
+    assert_eq!(routings.len(), 2);
+    assert!(routings.iter().all(|r| r.parent_span_id == server.span_id));
+    // Each engine got its own attempt's context.
+    let trace = &server.trace_id;
+    assert!(received(&a).contains(&format!("00-{trace}-{}-01", first.span_id)));
+    assert!(received(&b).contains(&format!("00-{trace}-{}-01", second.span_id)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continued_stream_is_a_continuation_span_of_its_trace() {
+    let receiver = Receiver::start().await;
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let mut cut = Fault::mode(FaultMode::DropMidstream);
+    cut.after_chunks = 3;
+    a.set_fault(cut).unwrap();
+    let b = sim(SimKind::Vllm, &[MODEL]).await;
+    let g = gateway(&[("a", a.url()), ("b", b.url())], &receiver.config()).await;
+    let mut continued = None;
+    for _ in 0..2 {
+        let (trace, _, header) = client_context(true);
+        let (status, text) = chat(&g, &header, true).await;
+        assert_eq!(status, 200);
+        assert!(text.contains("[DONE]"), "one unbroken stream: {text}");
+        let spans = receiver.trace(&trace, has_server).await;
+        if !named(&spans, "sluice.continuation").is_empty() {
+            continued = Some(spans);
+        }
+    }
+    let spans = continued.expect("one stream started on `a`, which cuts it");
+    no_prompt(&spans);
+    let server = one(&spans, "POST /v1/chat/completions");
+    let stream = one(&spans, "sluice.stream");
+    assert_eq!(stream.parent_span_id, server.span_id);
+    assert_eq!(stream.attr("sluice.continued"), "true");
+    let cont = one(&spans, "sluice.continuation");
+    assert_eq!(cont.parent_span_id, server.span_id);
+    assert_eq!(cont.attr("sluice.backend"), "b");
+    assert!(cont.attr("sluice.streamed_tokens").parse::<u64>().unwrap() > 0);
+    assert_eq!(one(&spans, "sluice.attempt").attr("sluice.backend"), "a");
+    assert!(server.events.iter().any(|e| e == "sluice.first_token"));
+    // The continuing engine was given the continuation's context.
+    let want = format!("00-{}-{}-01", server.trace_id, cont.span_id);
+    assert!(
+        received(&b).contains(&want),
+        "{want} not in {:?}",
+        received(&b)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_down_drops_and_counts_spans_and_nothing_else() {
+    let nobody = free_port();
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = \"http://127.0.0.1:{nobody}\"\nexport_interval = \"20ms\"\nexport_timeout = \"1s\"\n"
+    );
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let g = gateway(&[("a", a.url())], &tracing).await;
+    let dropped = |text: &str| -> u64 {
+        text.lines()
+            .filter(|l| l.starts_with("sluice_otel_spans_dropped_total{reason=\"export_failed\"}"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum()
+    };
+    let before = dropped(&g.metrics_text().await);
+    for _ in 0..5 {
+        let (_, _, header) = client_context(true);
+        let (status, text) = chat(&g, &header, false).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    // Every phase of each request ended as a span, and none reached anyone.
+    eventually(Duration::from_secs(10), "spans counted as dropped", || {
+        let g = &g;
+        async move { dropped(&g.metrics_text().await) >= before + 5 }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_a_grpc_collector() {
+    let receiver = Receiver::start_grpc().await;
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = \"http://{}\"\nprotocol = \"grpc\"\nexport_interval = \"50ms\"\n[tracing.resource]\n\"deployment.environment\" = \"ci\"\n",
+        receiver.addr
+    );
+    let g = gateway(&[("a", a.url())], &tracing).await;
+    let (trace, parent, header) = client_context(true);
+    let (status, text) = chat(&g, &header, true).await;
+    assert_eq!(status, 200, "{text}");
+    let spans = receiver.trace(&trace, has_server).await;
+    let server = one(&spans, "POST /v1/chat/completions");
+    assert_eq!(server.parent_span_id, parent);
+    assert_eq!(server.service, "sluice");
+    assert_eq!(server.attr("sluice.stream"), "true");
+    let stream = one(&spans, "sluice.stream");
+    assert_eq!(stream.attr("sluice.complete"), "true");
+    assert!(
+        stream
+            .attr("gen_ai.usage.output_tokens")
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(
+        one(&spans, "sluice.attempt").attr("sluice.attempt.outcome"),
+        "answered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passthrough_request_is_traced_to_its_backend() {
+    let receiver = Receiver::start().await;
+    let a = ScriptedBackend::start(
+        200,
+        vec![("content-type", "application/json".into())],
+        r#"{"label":"positive"}"#.into(),
+    )
+    .await;
+    let mut t = format!("{}{FAST_HEALTH}", receiver.config());
+    t.push_str(&backend("pt", "openai", &a.url(), &["cls"]));
+    t.push_str("\n[[passthrough]]\nprefix = \"/v1/classify\"\nmodel_field = \"model\"\n");
+    let g = TestGateway::start_healthy(&t).await;
+    let (trace, parent, header) = client_context(true);
+    let resp = client()
+        .post(g.url("/v1/classify/item-7"))
+        .header("traceparent", header)
+        .json(&json!({"model": "cls", "input": PROMPT}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let spans = receiver.trace(&trace, has_server).await;
+    no_prompt(&spans);
+    let server = one(&spans, "POST /v1/classify");
+    assert_eq!(server.parent_span_id, parent);
+    assert_eq!(server.attr("sluice.backend"), "pt");
+    let attempt = one(&spans, "sluice.attempt");
+    assert_eq!(attempt.parent_span_id, server.span_id);
+    assert_eq!(attempt.attr("sluice.attempt.outcome"), "answered");
+    let sent: Vec<String> = a
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.path.starts_with("/v1/classify"))
+        .filter_map(|s| {
+            s.headers
+                .get("traceparent")?
+                .to_str()
+                .ok()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(sent, vec![format!("00-{trace}-{}-01", attempt.span_id)]);
+}
+
+/// `sluice serve` itself, killed when dropped.
+struct Served(std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_names_the_trace_and_no_span_names_the_key() {
+    use std::process::{Command, Stdio};
+    let receiver = Receiver::start().await;
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let (key, hash) = sluice::auth::mint();
+    let port = free_port();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\n{}{FAST_HEALTH}{}\n[[keys]]\nname = \"alice\"\nhash = \"{hash}\"\n",
+        receiver.config(),
+        backend("a", "vllm", &a.url(), &[MODEL]),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, toml).unwrap();
+    let mut served = Served(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("SLUICE_LOG_FORMAT", "json")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (c, base) = (client(), format!("http://127.0.0.1:{port}"));
+    eventually(Duration::from_secs(20), "sluice serve ready", || {
+        let (c, url) = (c.clone(), format!("{base}/readyz"));
+        async move { c.get(url).send().await.is_ok_and(|r| r.status() == 200) }
+    })
+    .await;
+    let (trace, _, header) = client_context(true);
+    let resp = c
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(&key)
+        .header("traceparent", header)
+        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let spans = receiver.trace(&trace, has_server).await;
+    no_prompt(&spans);
+    for s in &spans {
+        assert!(
+            s.attrs.values().all(|v| !v.contains(&key)),
+            "{} carries the key",
+            s.name
+        );
+    }
+    let server = one(&spans, "POST /v1/chat/completions");
+    assert_eq!(server.attr("sluice.tenant"), "alice");
+    let _ = served.0.kill();
+    let _ = served.0.wait();
+    let logs = support::process::output_of(&mut served.0);
+    let access = logs
+        .lines()
+        .find(|l| l.contains("\"trace_id\"") && l.contains(&trace))
+        .unwrap_or_else(|| panic!("no access line names trace {trace}:\n{logs}"));
+    let line: Value = serde_json::from_str(access).unwrap();
+    assert_eq!(line["trace_id"], trace.as_str(), "{access}");
+    assert_eq!(line["span_id"], server.span_id.as_str(), "{access}");
+}

@@ -1,0 +1,232 @@
+//! An OTLP/HTTP trace receiver on 127.0.0.1:0: `POST /v1/traces` with an
+//! `ExportTraceServiceRequest` in protobuf, decoded with the official `opentelemetry-proto`
+//! types and kept as flat [`Span`]s to check field by field.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::routing::post;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use prost::Message;
+
+use super::poll;
+
+/// One received span, its ids in lowercase hex (an empty parent: a root span).
+#[derive(Debug, Clone)]
+pub struct Span {
+    pub name: String,
+    pub trace_id: String,
+    pub span_id: String,
+    pub parent_span_id: String,
+    /// OTLP's `SpanKind` number (2: server, 1: internal).
+    pub kind: i32,
+    /// Attributes, each value as text (`true`, `42`, `chat`).
+    pub attrs: BTreeMap<String, String>,
+    /// OTLP's status code (0 unset, 1 ok, 2 error).
+    pub status: i32,
+    pub events: Vec<String>,
+    /// The resource's `service.name`.
+    pub service: String,
+}
+
+impl Span {
+    /// The attribute `key` as text; panics naming the span when it is missing.
+    pub fn attr(&self, key: &str) -> &str {
+        self.attrs
+            .get(key)
+            .unwrap_or_else(|| panic!("span {} has no {key}: {:?}", self.name, self.attrs))
+    }
+}
+
+/// The receiver: its address, and the spans it was sent.
+pub struct Receiver {
+    pub addr: SocketAddr,
+    spans: Arc<Mutex<Vec<Span>>>,
+}
+
+impl Receiver {
+    pub async fn start() -> Receiver {
+        let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
+        let kept = spans.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            post(move |body: Bytes| {
+                let kept = kept.clone();
+                async move {
+                    match ExportTraceServiceRequest::decode(body) {
+                        Ok(req) => {
+                            kept.lock().unwrap().extend(flatten(req));
+                            (
+                                http::StatusCode::OK,
+                                [("content-type", "application/x-protobuf")],
+                                Vec::new(),
+                            )
+                        }
+                        Err(_) => (
+                            http::StatusCode::BAD_REQUEST,
+                            [("content-type", "text/plain")],
+                            b"bad protobuf".to_vec(),
+                        ),
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver { addr, spans }
+    }
+
+    /// An OTLP/gRPC receiver: `TraceService/Export` over HTTP/2 without TLS, its one message
+    /// framed as gRPC frames it (a flag byte, a 4-byte length, the protobuf).
+    pub async fn start_grpc() -> Receiver {
+        let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let kept = spans.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                tokio::spawn(grpc_connection(tcp, kept.clone()));
+            }
+        });
+        Receiver { addr, spans }
+    }
+
+    /// The `[tracing]` section sending to this receiver, exporting every 50 ms.
+    pub fn config(&self) -> String {
+        format!(
+            "[tracing]\notlp_endpoint = \"http://{}\"\nexport_interval = \"50ms\"\nservice_name = \"sluice-test\"\n",
+            self.addr
+        )
+    }
+
+    /// Every span received so far.
+    pub fn spans(&self) -> Vec<Span> {
+        self.spans.lock().unwrap().clone()
+    }
+
+    /// The spans of trace `trace_id` once `done` says they are all there (within 10 s).
+    pub async fn trace(&self, trace_id: &str, done: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+        let what = format!("the spans of trace {trace_id}");
+        poll::poll(Duration::from_secs(10), what, || {
+            let spans: Vec<Span> = self
+                .spans()
+                .into_iter()
+                .filter(|s| s.trace_id == trace_id)
+                .collect();
+            let ready = done(&spans).then_some(spans);
+            async move { ready }
+        })
+        .await
+    }
+}
+
+/// The spans named `name`.
+pub fn named<'a>(spans: &'a [Span], name: &str) -> Vec<&'a Span> {
+    spans.iter().filter(|s| s.name == name).collect()
+}
+
+/// The one span named `name`; panics when there is not exactly one.
+pub fn one<'a>(spans: &'a [Span], name: &str) -> &'a Span {
+    match named(spans, name).as_slice() {
+        [s] => s,
+        other => panic!("{} spans named {name} in {spans:#?}", other.len()),
+    }
+}
+
+async fn grpc_connection(tcp: tokio::net::TcpStream, kept: Arc<Mutex<Vec<Span>>>) {
+    let Ok(mut conn) = h2::server::handshake(tcp).await else {
+        return;
+    };
+    while let Some(Ok((req, mut respond))) = conn.accept().await {
+        let kept = kept.clone();
+        tokio::spawn(async move {
+            let path = req.uri().path().to_string();
+            let mut body = req.into_body();
+            let mut buf = Vec::new();
+            while let Some(Ok(chunk)) = body.data().await {
+                let _ = body.flow_control().release_capacity(chunk.len());
+                buf.extend_from_slice(&chunk);
+            }
+            let ok = path == "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+                && buf.len() >= 5
+                && buf[0] == 0;
+            let decoded = ok
+                .then(|| ExportTraceServiceRequest::decode(&buf[5..]).ok())
+                .flatten();
+            let status = match decoded {
+                Some(req) => {
+                    kept.lock().unwrap().extend(flatten(req));
+                    "0"
+                }
+                None => "3", // INVALID_ARGUMENT
+            };
+            let head = http::Response::builder()
+                .status(200)
+                .header("content-type", "application/grpc")
+                .body(())
+                .unwrap();
+            let Ok(mut send) = respond.send_response(head, false) else {
+                return;
+            };
+            // an empty ExportTraceServiceResponse, framed
+            let _ = send.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), false);
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static(status));
+            let _ = send.send_trailers(trailers);
+        });
+    }
+}
+
+fn flatten(req: ExportTraceServiceRequest) -> Vec<Span> {
+    let mut out = Vec::new();
+    for rs in req.resource_spans {
+        let service = rs
+            .resource
+            .iter()
+            .flat_map(|r| r.attributes.iter())
+            .find(|kv| kv.key == "service.name")
+            .and_then(|kv| kv.value.as_ref().and_then(|v| v.value.as_ref()).map(text))
+            .unwrap_or_default();
+        for ss in rs.scope_spans {
+            for s in ss.spans {
+                let attrs = s
+                    .attributes
+                    .iter()
+                    .filter_map(|kv| {
+                        let v = kv.value.as_ref()?.value.as_ref()?;
+                        Some((kv.key.clone(), text(v)))
+                    })
+                    .collect();
+                out.push(Span {
+                    name: s.name,
+                    trace_id: hex::encode(&s.trace_id),
+                    span_id: hex::encode(&s.span_id),
+                    parent_span_id: hex::encode(&s.parent_span_id),
+                    kind: s.kind,
+                    attrs,
+                    status: s.status.map(|st| st.code).unwrap_or(0),
+                    events: s.events.into_iter().map(|e| e.name).collect(),
+                    service: service.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::StringValue(s) => s.clone(),
+        Value::BoolValue(b) => b.to_string(),
+        Value::IntValue(i) => i.to_string(),
+        Value::DoubleValue(d) => d.to_string(),
+        other => format!("{other:?}"),
+    }
+}
