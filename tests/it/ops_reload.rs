@@ -85,7 +85,11 @@ async fn file_change_adds_removes_drains_and_rejects_bad_files() {
         }
     })
     .await;
-    assert!(reloads("applied") > applied);
+    // (the counter follows the swap a moment later: the new fleet may be read before it moves)
+    eventually(Duration::from_secs(5), "reload counted", || async move {
+        reloads("applied") > applied
+    })
+    .await;
     g.wait_state("b", "healthy", Duration::from_secs(15)).await;
     assert_eq!(served_by(&chat_url, None).await, (200, "b".to_string()));
 
