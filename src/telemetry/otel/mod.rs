@@ -73,10 +73,10 @@ pub enum OtelError {
     Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
 }
 
-/// A gateway's tracing: its provider and tracer.
+/// A gateway's tracing: its tracer (which keeps its provider, and so the span queue, alive
+/// until the gateway and its last span are gone).
 #[derive(Debug)]
 pub struct Tracing {
-    provider: SdkTracerProvider,
     tracer: SdkTracer,
     propagator: TraceContextPropagator,
 }
@@ -106,7 +106,6 @@ impl Tracing {
         starter.start(runtime, settings.export_interval);
         let tracer = provider.tracer("sluice");
         Ok(Tracing {
-            provider,
             tracer,
             propagator: TraceContextPropagator::new(),
         })
@@ -117,11 +116,6 @@ impl Tracing {
     pub fn request(&self, headers: &http::HeaderMap, name: String) -> RequestTrace {
         let parent = self.propagator.extract(&span::Headers(headers));
         RequestTrace::start(&self.tracer, &parent, name)
-    }
-
-    /// The provider (tests force a flush through it).
-    pub fn provider(&self) -> &SdkTracerProvider {
-        &self.provider
     }
 }
 
