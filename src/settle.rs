@@ -32,6 +32,8 @@ pub struct Outcome {
     /// The engine reported requests waiting while this one awaited its first token
     /// ([`LoadGuard::queue_seen`]): its TTFT is no prefill-speed sample.
     pub queue_seen: bool,
+    /// Why a stream ended, as its last event said (see [`crate::api::Seen::finish`]).
+    pub finish: Option<&'static str>,
 }
 
 /// Work to do when a request is over.
@@ -53,6 +55,8 @@ pub struct Settle {
     pub pending: Option<String>,
     /// A broken stream was continued on another backend.
     pub continued: bool,
+    /// Why the stream ended, by its events (`None` for a whole answer).
+    pub finish: Option<&'static str>,
     done: bool,
 }
 
@@ -68,6 +72,7 @@ impl Settle {
             streamed_tokens: 0,
             pending: None,
             continued: false,
+            finish: None,
             done: false,
         }
     }
@@ -103,6 +108,7 @@ impl Settle {
             pending: self.pending.take(),
             continued: self.continued,
             queue_seen,
+            finish: self.finish,
         };
         for hook in self.hooks.drain(..) {
             hook(&outcome);

@@ -179,6 +179,15 @@ struct EventLite<'a> {
     usage: Option<AnthropicUsage>,
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    delta: Option<DeltaLite<'a>>,
+}
+
+/// A `message_delta`'s delta (other events' deltas read as one with nothing set).
+#[derive(Deserialize)]
+struct DeltaLite<'a> {
+    #[serde(borrow, default)]
+    stop_reason: Option<&'a RawValue>,
 }
 
 fn inspect(data: &[u8]) -> Seen {
@@ -201,7 +210,13 @@ fn inspect(data: &[u8]) -> Seen {
                 .map(|u| u.usage())
                 .filter(|u| u.prompt_tokens > 0 || u.completion_tokens > 0);
         }
-        Some("message_delta") => seen.usage = event.usage.map(|u| u.usage()),
+        Some("message_delta") => {
+            seen.usage = event.usage.map(|u| u.usage());
+            seen.finish = event
+                .delta
+                .and_then(|d| d.stop_reason)
+                .and_then(wire::finish_name);
+        }
         Some("content_block_delta") => seen.text = true,
         Some("error") => seen.error = true,
         _ => {}

@@ -367,6 +367,9 @@ pub struct Seen {
     pub error: bool,
     /// The data is not JSON at all (valid JSON of an unexpected shape is not flagged).
     pub invalid: bool,
+    /// Why the answer ended, when this event says it (chat and completions `finish_reason`,
+    /// Anthropic's `stop_reason`, the Responses API's final status).
+    pub finish: Option<&'static str>,
 }
 
 /// Edits applied to each event of a stream and to a whole answer (all off = pure

@@ -247,7 +247,8 @@ impl ClientApi for Responses {
         let kind = event.kind.as_deref().unwrap_or("");
         let mut seen = Seen::default();
         match kind {
-            "response.completed" | "response.incomplete" => seen.done = true,
+            "response.completed" => (seen.done, seen.finish) = (true, Some("completed")),
+            "response.incomplete" => (seen.done, seen.finish) = (true, Some("incomplete")),
             "response.failed" => (seen.done, seen.error) = (true, true),
             "error" => seen.error = true,
             _ => {}

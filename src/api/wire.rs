@@ -50,6 +50,8 @@ struct ChoiceLite<'a> {
     text: Option<&'a RawValue>,
     #[serde(borrow, default)]
     message: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    finish_reason: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -91,6 +93,9 @@ pub fn inspect(data: &[u8]) -> Seen {
         ..Seen::default()
     };
     if let Some(choices) = &chunk.choices {
+        seen.finish = choices
+            .iter()
+            .find_map(|c| c.finish_reason.and_then(finish_name));
         seen.usage_only = choices.is_empty() && chunk.usage.is_some();
         seen.text = choices.iter().any(|c| {
             has_text(c.text)
@@ -101,6 +106,27 @@ pub fn inspect(data: &[u8]) -> Seen {
         });
     }
     seen
+}
+
+/// A finish reason as a label: the known ones by name, any other string `other`, `null`
+/// none (trace attributes take only these, never text an engine made up).
+pub fn finish_name(raw: &RawValue) -> Option<&'static str> {
+    Some(match raw.get() {
+        "null" => return None,
+        "\"stop\"" => "stop",
+        "\"length\"" => "length",
+        "\"tool_calls\"" => "tool_calls",
+        "\"function_call\"" => "function_call",
+        "\"content_filter\"" => "content_filter",
+        "\"abort\"" => "abort",
+        "\"end_turn\"" => "end_turn",
+        "\"max_tokens\"" => "max_tokens",
+        "\"stop_sequence\"" => "stop_sequence",
+        "\"tool_use\"" => "tool_use",
+        "\"pause_turn\"" => "pause_turn",
+        "\"refusal\"" => "refusal",
+        _ => "other",
+    })
 }
 
 /// Whether `data`, which failed to read as a chunk with `e`, is JSON all the same. A data error
@@ -183,6 +209,30 @@ pub fn error_response(err: ApiError) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The finish reason of a stream's events, chat's and Anthropic's and the Responses API's,
+    /// as a label; text an engine made up is `other`, never copied.
+    #[test]
+    fn finish_reasons_are_read_as_labels() {
+        let chat = br#"{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#;
+        assert_eq!(inspect(chat).finish, Some("length"));
+        let open = br#"{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}"#;
+        assert_eq!(inspect(open).finish, None);
+        let odd = br#"{"choices":[{"index":0,"delta":{},"finish_reason":"made up text"}]}"#;
+        assert_eq!(inspect(odd).finish, Some("other"));
+        let messages = br#"{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":6}}"#;
+        assert_eq!(
+            crate::api::messages::MESSAGES.inspect(messages).finish,
+            Some("max_tokens")
+        );
+        let text = br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#;
+        assert_eq!(crate::api::messages::MESSAGES.inspect(text).finish, None);
+        let done = br#"{"type":"response.incomplete","response":{"status":"incomplete"}}"#;
+        assert_eq!(
+            crate::api::responses::RESPONSES.inspect(done).finish,
+            Some("incomplete")
+        );
+    }
 
     #[test]
     fn inspect_chunks() {

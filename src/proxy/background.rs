@@ -82,6 +82,7 @@ impl Pending {
                 pending: None,
                 continued: false,
                 queue_seen: false,
+                finish: None,
             });
         }
     }
@@ -98,6 +99,7 @@ impl Drop for Pending {
                 pending: None,
                 continued: false,
                 queue_seen: false,
+                finish: None,
             });
         }
     }

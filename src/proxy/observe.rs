@@ -223,6 +223,9 @@ impl<B> ObservedStream<B> {
         if seen.done {
             self.saw_done = true;
         }
+        if seen.finish.is_some() {
+            self.settle.finish = seen.finish;
+        }
         if seen.error {
             self.saw_error = true;
             self.settle.record.error = Some("backend_stream_error".into());
@@ -618,6 +621,7 @@ mod tests {
             pending: None,
             continued: false,
             queue_seen,
+            finish: None,
         };
         let learn = |queued, seen| {
             learn_hook(
@@ -662,6 +666,7 @@ mod tests {
                 pending: None,
                 continued: false,
                 queue_seen: false,
+                finish: None,
             };
             learn_hook(
                 backend.clone(),

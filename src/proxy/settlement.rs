@@ -87,6 +87,16 @@ fn answer_span(p: &Prepared, trace: &RequestTrace, idx: usize) -> SettleHook {
                 KeyValue::new("sluice.continued", o.continued),
             ]
         });
+        if let Some(reason) = o.finish {
+            span.set(|| {
+                [KeyValue::new(
+                    "gen_ai.response.finish_reasons",
+                    opentelemetry::Value::Array(
+                        vec![opentelemetry::StringValue::from(reason)].into(),
+                    ),
+                )]
+            });
+        }
         if let Some(u) = o.usage {
             span.set(|| {
                 [

@@ -324,6 +324,8 @@ async fn spans_reach_a_grpc_collector() {
     assert_eq!(server.attr("sluice.stream"), "true");
     let stream = one(&spans, "sluice.stream");
     assert_eq!(stream.attr("sluice.complete"), "true");
+    let finish = stream.attr("gen_ai.response.finish_reasons");
+    assert!(["stop", "length"].contains(&finish), "{finish}");
     assert!(
         stream
             .attr("gen_ai.usage.output_tokens")

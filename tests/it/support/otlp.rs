@@ -227,6 +227,13 @@ fn text(v: &Value) -> String {
         Value::BoolValue(b) => b.to_string(),
         Value::IntValue(i) => i.to_string(),
         Value::DoubleValue(d) => d.to_string(),
+        Value::ArrayValue(a) => a
+            .values
+            .iter()
+            .filter_map(|v| v.value.as_ref())
+            .map(text)
+            .collect::<Vec<_>>()
+            .join(","),
         other => format!("{other:?}"),
     }
 }
