@@ -116,12 +116,6 @@ impl Adapters {
         g.waiting = names("waiting_lora_adapters");
     }
 
-    /// Whether the engine serves adapters at all (it reported its adapter slots, or holds one).
-    pub fn enabled(&self) -> bool {
-        let g = self.lock();
-        g.max_lora.is_some() || !g.held.is_empty()
-    }
-
     /// Whether a load may be asked of the engine: not for [`NO_LOADS_FOR`] after it answered
     /// as an engine without run-time loading (it may be restarted with it on).
     pub fn loads_at_run_time(&self) -> bool {
@@ -196,10 +190,6 @@ impl Adapters {
             base: base.to_string(),
             last_used_ms: monotonic_ms(),
         });
-    }
-
-    pub fn unloaded(&self, name: &str) {
-        self.lock().held.remove(name);
     }
 
     /// The adapters to unload so that one more fits in `budget`: the least recently used ones

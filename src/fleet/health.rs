@@ -122,7 +122,7 @@ async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
                 last_discovery = Some(monotonic_ms());
             }
             if matches!(outcome, ProbeOutcome::Ok { .. }) {
-                learn_context_lengths(&backend, &mut last_context).await;
+                learn_listing(&backend, &mut last_context).await;
             }
             if matches!(outcome, ProbeOutcome::Ok { .. })
                 && backend.kind() == BackendKind::Vllm
@@ -147,7 +147,7 @@ async fn probe_loop(backend: Arc<Backend>, cfg: HealthConfig) {
 /// the context lengths (when its models are configured, so discovery does not read the list)
 /// and, from vLLM, the LoRA adapters it holds. Best effort: a failure says nothing about the
 /// backend's health.
-async fn learn_context_lengths(backend: &Backend, last: &mut Option<u64>) {
+async fn learn_listing(backend: &Backend, last: &mut Option<u64>) {
     let vllm = backend.kind() == BackendKind::Vllm;
     let listed = vllm || backend.kind() == BackendKind::OpenAi;
     let due =

@@ -147,7 +147,8 @@ pub(super) fn pick_and_claim(
         let (backend, backend_model) = &candidates[idx];
         let queued = crate::routing::score::would_queue(backend, backend_model);
         let cap = backend.cap();
-        let Some(guard) = LoadGuard::claim(backend.state.clone(), input.load_on(backend), cap)
+        let cached = input.cached_on(backend);
+        let Some(guard) = LoadGuard::claim(backend.state.clone(), input.load_given(cached), cap)
         else {
             continue;
         };
@@ -156,7 +157,6 @@ pub(super) fn pick_and_claim(
         } else {
             guard
         };
-        let cached = input.cached_on(backend);
         let adapter = input.adapter.as_deref();
         return Some(Claimed {
             idx,

@@ -30,10 +30,11 @@ pub struct RouteInput {
 }
 
 impl RouteInput {
-    /// What the request puts on the backend it is sent to (see [`crate::fleet::LoadGuard`]):
-    /// the prompt tokens that backend must still prefill.
-    pub fn load_on(&self, b: &Backend) -> crate::fleet::Load {
-        let cached = self.cached_on(b).unwrap_or(0);
+    /// What the request puts on the backend it is sent to (see [`crate::fleet::LoadGuard`]),
+    /// given what that backend holds of its prompt ([`RouteInput::cached_on`]): the prompt
+    /// tokens it must still prefill.
+    pub fn load_given(&self, cached: Option<u64>) -> crate::fleet::Load {
+        let cached = cached.unwrap_or(0);
         crate::fleet::Load::new(
             self.tokens.saturating_sub(cached),
             self.prompt_tokens.saturating_sub(cached),
@@ -66,12 +67,17 @@ impl RouteInput {
     /// The request as `b` sees it: only what it has not cached is prefilled (exact from its
     /// KV events; otherwise the whole prompt), after its adapter is loaded or swapped in.
     pub(super) fn request_on(&self, b: &Backend) -> score::Request {
+        self.request_given(b, self.cached_on(b))
+    }
+
+    /// [`RouteInput::request_on`] with `b`'s cached prefix already looked up.
+    pub(super) fn request_given(&self, b: &Backend, cached: Option<u64>) -> score::Request {
         let cold = self.score_request();
         let setup = self
             .adapter
             .as_deref()
             .map_or(Setup::Ready, |a| b.state.adapters().setup(a));
-        let cached = self.cached_on(b).unwrap_or(0);
+        let cached = cached.unwrap_or(0);
         score::Request {
             prompt_tokens: cold.prompt_tokens - cached.min(cold.prompt_tokens),
             output_tokens: cold.output_tokens,

@@ -163,7 +163,7 @@ pub fn expected_head_seconds<T: AsRef<str>>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::{BackendConfig, BackendKind, Timeouts};
     use crate::fleet::signals::Signals;
@@ -430,7 +430,8 @@ mod tests {
         assert!((0.12..0.30).contains(&share), "moved share {share}");
     }
 
-    fn measure(b: &Backend, prefill_tps: f64, decode_tps: f64) {
+    /// Ten requests measured on `b` at the given speeds, as if just now.
+    pub(crate) fn measure(b: &Backend, prefill_tps: f64, decode_tps: f64) {
         for _ in 0..10 {
             let ttft = 1000.0 / prefill_tps;
             b.state.speeds().observe(

@@ -52,7 +52,6 @@ fn the_latest_lora_requests_info_series_is_the_state() {
     // an exposition without the gauge changes nothing
     a.observe_metrics(&prom::parse("vllm:num_requests_running 3\n"));
     assert_eq!(a.max_lora(), Some(2));
-    assert!(a.enabled());
 }
 
 #[test]
@@ -121,7 +120,7 @@ fn a_list_replaces_the_held_set_and_keeps_last_use() {
     a.set_listed([("a1".to_string(), "tiny".to_string())]);
     assert!(!a.holds("a0"));
     assert_eq!(a.base_of("a1").as_deref(), Some("tiny"));
-    a.unloaded("a1");
+    a.set_listed([]);
     assert!(a.held().is_empty());
 }
 

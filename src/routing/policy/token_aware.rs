@@ -43,16 +43,20 @@ impl Policy for TokenAware {
             let b = (a + 1 + clock::below(n - 1)) % n;
             return if score_of(b) < score_of(a) { b } else { a };
         }
-        let cached: Option<Vec<u64>> = pick.input.prompt.as_ref().and_then(|_| {
-            let c: Vec<Option<u64>> = backends.iter().map(|b| pick.input.cached_on(b)).collect();
-            c.iter()
-                .any(Option::is_some)
-                .then(|| c.into_iter().map(|x| x.unwrap_or(0)).collect())
-        });
-        match cached {
-            Some(cached) => by_facts(pick, &cached, score_of),
-            None => lowest(pick, score_of),
-        }
+        // each backend's cached prefix, looked up once for the facts and the scores
+        let cached: Option<Vec<Option<u64>>> = pick
+            .input
+            .prompt
+            .as_ref()
+            .map(|_| backends.iter().map(|b| pick.input.cached_on(b)).collect())
+            .filter(|c: &Vec<Option<u64>>| c.iter().any(Option::is_some));
+        let Some(cached) = cached else {
+            return lowest(pick, score_of);
+        };
+        by_facts(pick, &cached, |i| {
+            let req = pick.input.request_given(backends[i], cached[i]);
+            score::breakdown(backends[i], pick.models[i], req, prior).score
+        })
     }
 }
 
@@ -88,8 +92,8 @@ fn lowest(pick: &Pick<'_>, score_of: impl Fn(usize) -> f64) -> usize {
 }
 
 /// Among the backends scoring within [`NOISE`] of the best, the one holding the longest
-/// prefix of the prompt (`cached[i]` tokens), then the highest rank.
-fn by_facts(pick: &Pick<'_>, cached: &[u64], score_of: impl Fn(usize) -> f64) -> usize {
+/// prefix of the prompt (`cached[i]` tokens; `None` counts as none), then the highest rank.
+fn by_facts(pick: &Pick<'_>, cached: &[Option<u64>], score_of: impl Fn(usize) -> f64) -> usize {
     let scores: Vec<f64> = (0..pick.backends.len()).map(score_of).collect();
     let best = scores.iter().copied().fold(f64::INFINITY, f64::min);
     if !best.is_finite() {
@@ -98,7 +102,7 @@ fn by_facts(pick: &Pick<'_>, cached: &[u64], score_of: impl Fn(usize) -> f64) ->
     let within = best + NOISE * best.abs();
     (0..scores.len())
         .filter(|&i| scores[i] <= within)
-        .max_by_key(|&i| (cached[i], rank(pick, i)))
+        .max_by_key(|&i| (cached[i].unwrap_or(0), rank(pick, i)))
         .unwrap_or(0)
 }
 

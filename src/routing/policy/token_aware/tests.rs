@@ -1,5 +1,4 @@
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::*;
 use crate::config::{BackendConfig, BackendKind, Timeouts};
@@ -7,6 +6,7 @@ use crate::fleet::kv::{Prompt, Status};
 use crate::fleet::load::LoadGuard;
 use crate::fleet::{Backend, BackendState};
 use crate::kvevents::{BlockStored, EngineHash, Event, EventBatch};
+use crate::routing::tests::measure;
 use crate::routing::RouteInput;
 
 const BLOCK: u32 = 16;
@@ -60,24 +60,6 @@ fn holds(b: &Backend, tokens: u32) {
         })],
         data_parallel_rank: None,
     });
-}
-
-/// Ten requests measured on `b` at the given speeds, as if just now.
-fn measure(b: &Backend, prefill_tps: f64, decode_tps: f64) {
-    for _ in 0..10 {
-        let ttft = 1000.0 / prefill_tps;
-        b.state.speeds().observe(
-            &crate::fleet::speed::Observation {
-                prompt_tokens: 1000,
-                cached_tokens: 0,
-                completion_tokens: 101,
-                ttft: Some(Duration::from_secs_f64(ttft)),
-                total: Duration::from_secs_f64(ttft + 100.0 / decode_tps),
-                queued: false,
-            },
-            1.0,
-        );
-    }
 }
 
 fn input(prefix: u64, with_ids: bool) -> RouteInput {
