@@ -95,6 +95,12 @@ async fn chat(g: &TestGateway, key: &str, model: &str) -> (u16, Option<String>, 
     (status, backend, r.json().await.unwrap_or(Value::Null))
 }
 
+/// Sluice's `/v1/models` as key `key` sees it.
+async fn models(g: &TestGateway, key: &str) -> Value {
+    let r = client().get(g.url("/v1/models")).bearer_auth(key).send();
+    r.await.unwrap().json().await.unwrap()
+}
+
 /// Loads the gateway made on the test's backends, by outcome.
 async fn loads(g: &TestGateway, test: &str, outcome: &str) -> f64 {
     let text = g.metrics_text().await;
@@ -227,15 +233,7 @@ async fn models_list_each_adapter_once_with_its_base_and_allow_lists_name_them()
     let g = gateway(t, &sims).await;
     let (status, _, _) = chat(&g, "sk-all", "a0").await;
     assert_eq!(status, 200);
-    let list: Value = client()
-        .get(g.url("/v1/models"))
-        .bearer_auth("sk-all")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = models(&g, "sk-all").await;
     let data = list["data"].as_array().unwrap();
     for name in ADAPTERS.iter().chain(["broken"].iter()) {
         let entries: Vec<&Value> = data.iter().filter(|m| m["id"] == *name).collect();
@@ -258,15 +256,7 @@ async fn models_list_each_adapter_once_with_its_base_and_allow_lists_name_them()
         let (status, _, body) = chat(&g, "sk-one", other).await;
         assert_eq!(status, 403, "{other}: {body}");
     }
-    let list: Value = client()
-        .get(g.url("/v1/models"))
-        .bearer_auth("sk-one")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = models(&g, "sk-one").await;
     let ids: Vec<&str> = list["data"]
         .as_array()
         .unwrap()
