@@ -54,6 +54,37 @@ pub struct Window {
     pub prefill_sum: f64,
     pub prefill_count: f64,
     pub prefill_tokens: f64,
+    /// Engines that prefill admitted requests in a pass of their own (TGI): the sequences in
+    /// those passes, and then `prefill_*` count passes, not requests. 0 where a prefill shares
+    /// its step with the running batch (vLLM).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub prefill_seqs: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
+impl Window {
+    /// The sequences in a step that prefilled: the admitted group where it has a pass of its
+    /// own, otherwise the running batch.
+    fn prefill_batch(&self, running: f64) -> f64 {
+        if self.prefill_seqs > 0.0 && self.prefill_count >= 1.0 {
+            self.prefill_seqs / self.prefill_count
+        } else {
+            running
+        }
+    }
+
+    /// Computed prompt tokens per prefilled request.
+    fn prompt_per_request(&self) -> Option<f64> {
+        let requests = if self.prefill_seqs > 0.0 {
+            self.prefill_seqs
+        } else {
+            self.prefill_count
+        };
+        (requests >= 1.0).then(|| self.prefill_tokens / requests)
+    }
 }
 
 /// One fitted parameter, seconds.
@@ -125,7 +156,11 @@ fn rows(w: &Window) -> impl Iterator<Item = Row> {
         w: w.itl_count,
     });
     let prefill = (usable && w.prefill_count >= 1.0 && w.prefill_sum > 0.0).then(|| Row {
-        x: [1.0, batch, w.prefill_tokens / w.prefill_count],
+        x: [
+            1.0,
+            w.prefill_batch(batch),
+            w.prefill_tokens / w.prefill_count,
+        ],
         y: w.prefill_sum / w.prefill_count,
         w: w.prefill_count,
     });
@@ -159,9 +194,7 @@ pub fn fit(windows: &[Window]) -> Result<EngineFit, FitError> {
     let batch_range =
         range(&|w| (w.steps >= 1.0 && w.generated > 0.0).then(|| w.generated / w.steps))
             .unwrap_or((0.0, 0.0));
-    let prompt_range =
-        range(&|w| (w.prefill_count >= 1.0).then(|| w.prefill_tokens / w.prefill_count))
-            .unwrap_or((0.0, 0.0));
+    let prompt_range = range(&|w| w.prompt_per_request()).unwrap_or((0.0, 0.0));
     let est = |i: usize| Estimate {
         value: theta[i],
         stderr: se[i],

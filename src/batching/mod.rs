@@ -70,6 +70,9 @@ pub struct Timing {
     pub min_output_tokens: u32,
     /// Upper end of the natural answer length.
     pub max_output_tokens: u32,
+    /// The engine prefills an admitted group in a forward pass of its own, then decodes the
+    /// batch (TGI): a step that admits beside running sequences costs one more `decode_base`.
+    pub prefill_pass: bool,
 }
 
 impl Default for Timing {
@@ -84,6 +87,7 @@ impl Default for Timing {
             prefix_cache_tokens: None,
             min_output_tokens: 16,
             max_output_tokens: 128,
+            prefill_pass: false,
         }
     }
 }
@@ -149,6 +153,9 @@ pub struct Batch<T> {
     max_loras: usize,
     /// Waiting requests the last admission round skipped for the LoRA limit.
     deferred: usize,
+    /// The last admission round admitted beside running sequences (a second pass where the
+    /// timing has `prefill_pass`).
+    beside: bool,
 }
 
 impl<T> Batch<T> {
@@ -161,6 +168,7 @@ impl<T> Batch<T> {
             kv_reserved: 0,
             max_loras: 0,
             deferred: 0,
+            beside: false,
         }
     }
 
@@ -215,6 +223,7 @@ impl<T> Batch<T> {
     /// keeps its place (vLLM defers it); one whose reservation does not fit stops the round.
     /// Returns the uncached prompt tokens to prefill.
     pub fn admit(&mut self, mut admitted: impl FnMut(&Running<T>)) -> u32 {
+        let before = self.running.len();
         let mut prefill = 0u32;
         let cap = self.timing.kv_capacity_tokens;
         let mut loras = self.running_loras();
@@ -243,6 +252,7 @@ impl<T> Batch<T> {
             }
         }
         self.deferred = skipped.len();
+        self.beside = before > 0 && self.running.len() > before;
         // the skipped ones go back in front, in their order, as vLLM puts them back
         for q in skipped.into_iter().rev() {
             self.waiting.push_front(q);
@@ -309,7 +319,13 @@ impl<T> Batch<T> {
     /// (capped at an hour).
     pub fn step_duration(&self, prefill: u32) -> Duration {
         let t = &self.timing;
+        let passes = if t.prefill_pass && self.beside && prefill > 0 {
+            2
+        } else {
+            1
+        };
         t.decode_base
+            .saturating_mul(passes)
             .saturating_add(t.decode_per_seq.saturating_mul(self.running.len() as u32))
             .saturating_add(t.prefill_per_token.saturating_mul(prefill))
             .min(Duration::from_secs(3600))

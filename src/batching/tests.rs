@@ -74,6 +74,32 @@ fn steps_cost_base_per_sequence_and_uncached_prefill() {
 }
 
 #[test]
+fn a_separate_prefill_pass_costs_one_more_base_only_beside_a_running_batch() {
+    let mut b = Batch::new(Timing {
+        prefill_pass: true,
+        ..timing(8, 1000)
+    });
+    b.waiting.push_back(queued(0, vec![1; 8], 4));
+    // alone: one pass
+    let prefill = b.admit(|_| {});
+    assert_eq!(
+        b.step_duration(prefill),
+        Duration::from_millis(11) + Duration::from_micros(80)
+    );
+    b.advance(1);
+    // beside the running one: a prefill pass and a decode pass, each with the base
+    b.waiting.push_back(queued(1, vec![2; 8], 4));
+    let prefill = b.admit(|_| {});
+    assert_eq!(
+        b.step_duration(prefill),
+        Duration::from_millis(22) + Duration::from_micros(80)
+    );
+    // nothing admitted: a decode pass
+    let prefill = b.admit(|_| {});
+    assert_eq!(b.step_duration(prefill), Duration::from_millis(12));
+}
+
+#[test]
 fn advancing_finishes_sequences_and_frees_their_reservation() {
     let mut b = Batch::new(timing(8, 1000));
     b.waiting.push_back(queued(0, vec![1; 4], 2));

@@ -176,8 +176,11 @@ fn add_avg(map: &mut HashMap<String, (f64, u32)>, model: String, v: f64) {
 
 /// Read TGI load from its `/metrics` (no model label: one model per TGI).
 pub fn parse_tgi(text: &str) -> Signals {
-    let samples: Vec<Sample> = prom::parse(text);
-    let get = |name: &str| prom::sum(&samples, name, |_| true);
+    tgi_signals(&prom::parse(text))
+}
+
+fn tgi_signals(samples: &[Sample]) -> Signals {
+    let get = |name: &str| prom::sum(samples, name, |_| true);
     let queue = get("tgi_queue_size");
     let batch = get("tgi_batch_current_size");
     let total = (queue.is_some() || batch.is_some()).then(|| ModelLoad {
@@ -325,7 +328,11 @@ pub async fn refresh(backend: &Backend, cfg: &HealthConfig, last_info_ms: &mut u
             let Some(body) = get("/metrics").await else {
                 return;
             };
-            let mut s = parse_tgi(&String::from_utf8_lossy(&body));
+            let samples = prom::parse(&String::from_utf8_lossy(&body));
+            if let Some(c) = super::timings::Counters::from_tgi(&samples, unix_seconds()) {
+                backend.state.timings().observe(c);
+            }
+            let mut s = tgi_signals(&samples);
             if monotonic_ms().saturating_sub(*last_info_ms) >= INFO_EVERY_MS || *last_info_ms == 0 {
                 if let Some((mc, mt)) = get("/info").await.as_deref().and_then(parse_tgi_info) {
                     s.max_concurrent = mc;

@@ -1,17 +1,23 @@
 //! What each engine reports of its own timing, kept as windows for the profile that
 //! `sluice plan` reads (`GET /admin/profile`).
 //!
-//! Every signals scrape of a vLLM backend reads its cumulative counters ([`Counters`]); the
-//! change since the previous scrape is one [`Window`] of steps, tokens, inter-token gaps and
-//! prefill times. [`crate::batching::fit`] turns the windows into the engine's step costs.
+//! Every signals scrape of a vLLM or TGI backend reads its cumulative counters ([`Counters`]);
+//! the change since the previous scrape is one [`Window`] of steps, tokens, inter-token gaps
+//! and prefill times. [`crate::batching::fit`] turns the windows into the engine's step costs.
+//!
+//! vLLM reports steps, tokens and per-request prefill times ([`Counters::from_vllm`]): one
+//! window per scrape. TGI reports its prefill and decode forward passes apart
+//! ([`Counters::from_tgi`]): a decode window per scrape and a prefill window per chunk of
+//! scrapes that ends with its queue empty (see `tgi`).
 //!
 //! Invariants:
 //! - a window is only ever the difference of two scrapes of the same engine process: a counter
 //!   that went down (the engine restarted) starts over from the new reading;
 //! - idle windows (no step) are not kept, and at most [`KEPT`] windows are, oldest dropped
 //!   first, so memory per backend is bounded whatever the uptime;
-//! - an engine that does not report the step histogram (older vLLM, other kinds) has no
-//!   windows, and its profile falls back to the gateway's own timings.
+//! - an engine that does not report its step or forward-pass histograms (an older vLLM, Ollama,
+//!   a plain OpenAI-compatible server) has no windows, and its profile falls back to the
+//!   gateway's own timings.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -20,14 +26,22 @@ use crate::batching::fit::Window;
 
 use super::prom::{self, Sample};
 
+mod tgi;
+
+pub use tgi::TgiTotals;
+
 /// Windows kept per backend (an hour at the default one-second scrape: 72 bytes each, about
 /// 260 KB per backend).
 pub const KEPT: usize = 3_600;
 
-/// An engine's cumulative timing counters at one scrape: the totals since it started, in the
-/// shape of a [`Window`] whose `at` is when they were read.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Counters(Window);
+/// An engine's cumulative timing counters at one scrape: the totals since it started, read
+/// at `at`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Counters {
+    /// vLLM's, in the shape of a [`Window`].
+    Vllm(Window),
+    Tgi(TgiTotals),
+}
 
 impl Counters {
     /// vLLM's counters, summed over engines and models; `None` when the exposition has no
@@ -42,7 +56,7 @@ impl Counters {
         .unwrap_or_else(|| {
             total("vllm:prompt_tokens_total") - total("vllm:prefix_cache_hits_total")
         });
-        Some(Counters(Window {
+        Some(Counters::Vllm(Window {
             at,
             steps,
             generated: total("vllm:generation_tokens_total"),
@@ -52,30 +66,38 @@ impl Counters {
             prefill_sum: total("vllm:request_prefill_time_seconds_sum"),
             prefill_count: total("vllm:request_prefill_time_seconds_count"),
             prefill_tokens: total("vllm:request_prefill_kv_computed_tokens_sum"),
+            prefill_seqs: 0.0,
         }))
     }
 
-    /// The totals read.
-    pub fn totals(&self) -> &Window {
-        &self.0
+    /// TGI's counters; `None` when the exposition has no forward-pass histogram
+    /// (`tgi_batch_forward_duration`).
+    pub fn from_tgi(samples: &[Sample], at: f64) -> Option<Counters> {
+        TgiTotals::read(samples, at).map(Counters::Tgi)
     }
+}
 
-    /// The change from `prev` to `self`; `None` when a counter went down (a restart).
-    fn since(&self, prev: &Counters) -> Option<Window> {
-        let (now, prev) = (&self.0, &prev.0);
-        let d = |a: f64, b: f64| (a >= b).then_some(a - b);
-        Some(Window {
-            at: prev.at,
-            steps: d(now.steps, prev.steps)?,
-            generated: d(now.generated, prev.generated)?,
-            prompt_computed: d(now.prompt_computed, prev.prompt_computed)?,
-            itl_sum: d(now.itl_sum, prev.itl_sum)?,
-            itl_count: d(now.itl_count, prev.itl_count)?,
-            prefill_sum: d(now.prefill_sum, prev.prefill_sum)?,
-            prefill_count: d(now.prefill_count, prev.prefill_count)?,
-            prefill_tokens: d(now.prefill_tokens, prev.prefill_tokens)?,
-        })
-    }
+/// `a - b` of a counter that must not go down.
+fn delta(a: f64, b: f64) -> Option<f64> {
+    (a >= b).then_some(a - b)
+}
+
+/// The change of vLLM's totals from `prev` to `now`; `None` when a counter went down (a
+/// restart).
+fn vllm_window(now: &Window, prev: &Window) -> Option<Window> {
+    let d = delta;
+    Some(Window {
+        at: prev.at,
+        steps: d(now.steps, prev.steps)?,
+        generated: d(now.generated, prev.generated)?,
+        prompt_computed: d(now.prompt_computed, prev.prompt_computed)?,
+        itl_sum: d(now.itl_sum, prev.itl_sum)?,
+        itl_count: d(now.itl_count, prev.itl_count)?,
+        prefill_sum: d(now.prefill_sum, prev.prefill_sum)?,
+        prefill_count: d(now.prefill_count, prev.prefill_count)?,
+        prefill_tokens: d(now.prefill_tokens, prev.prefill_tokens)?,
+        prefill_seqs: 0.0,
+    })
 }
 
 /// One backend's windows.
@@ -87,7 +109,18 @@ pub struct Timings {
 #[derive(Debug, Default)]
 struct Inner {
     last: Option<Counters>,
+    /// TGI's scrapes since its last prefill window.
+    chunk: tgi::Chunk,
     windows: VecDeque<Window>,
+}
+
+impl Inner {
+    fn keep(&mut self, w: Window) {
+        if self.windows.len() >= KEPT {
+            self.windows.pop_front();
+        }
+        self.windows.push_back(w);
+    }
 }
 
 impl Timings {
@@ -97,13 +130,14 @@ impl Timings {
         let Ok(mut g) = self.inner.lock() else {
             return;
         };
-        let window = g.last.as_ref().and_then(|prev| now.since(prev));
+        let windows = match (g.last, now) {
+            (Some(Counters::Vllm(prev)), Counters::Vllm(cur)) => [vllm_window(&cur, &prev), None],
+            (Some(Counters::Tgi(prev)), Counters::Tgi(cur)) => g.chunk.observe(&prev, &cur),
+            _ => [None, None],
+        };
         g.last = Some(now);
-        if let Some(w) = window.filter(|w| w.steps > 0.0) {
-            if g.windows.len() >= KEPT {
-                g.windows.pop_front();
-            }
-            g.windows.push_back(w);
+        for w in windows.into_iter().flatten().filter(|w| w.steps > 0.0) {
+            g.keep(w);
         }
     }
 
@@ -186,11 +220,141 @@ mod tests {
         assert_eq!(Counters::from_vllm(&s, 0.0), None);
     }
 
+    /// A TGI exposition: (seconds, passes) of prefill and decode, requests admitted, (prompt
+    /// tokens, requests) arrived, and the gauges (running, waiting); one group formed per
+    /// prefill pass timed (none in flight).
+    fn tgi(
+        passes: [(f64, f64); 2],
+        admitted: f64,
+        input: (f64, f64),
+        gauges: (f64, f64),
+    ) -> Counters {
+        tgi_in_flight(passes, admitted, input, gauges, 0.0)
+    }
+
+    fn tgi_in_flight(
+        passes: [(f64, f64); 2],
+        admitted: f64,
+        input: (f64, f64),
+        gauges: (f64, f64),
+        in_flight: f64,
+    ) -> Counters {
+        let [(ps, pc), (ds, dc)] = passes;
+        let groups = pc + in_flight;
+        let text = format!(
+            "# TYPE tgi_batch_forward_duration histogram\n\
+             tgi_batch_forward_duration_sum{{method=\"prefill\"}} {ps}\n\
+             tgi_batch_forward_duration_count{{method=\"prefill\"}} {pc}\n\
+             tgi_batch_forward_duration_sum{{method=\"decode\"}} {ds}\n\
+             tgi_batch_forward_duration_count{{method=\"decode\"}} {dc}\n\
+             tgi_batch_next_size_sum {admitted}\n\
+             tgi_batch_next_size_count {groups}\n\
+             tgi_request_input_length_sum {}\n\
+             tgi_request_input_length_count {}\n\
+             tgi_batch_current_size {}\n\
+             tgi_queue_size {}\n",
+            input.0, input.1, gauges.0, gauges.1
+        );
+        Counters::from_tgi(&prom::parse(&text), ds).expect("has the forward histogram")
+    }
+
+    #[test]
+    fn tgi_decode_passes_make_a_window_per_scrape_and_prefill_one_per_drained_chunk() {
+        let t = Timings::default();
+        t.observe(tgi(
+            [(0.5, 4.0), (2.0, 100.0)],
+            6.0,
+            (1200.0, 6.0),
+            (3.0, 0.0),
+        ));
+        // two requests arrived (1,000 tokens) and one is still waiting: no prefill window yet
+        t.observe(tgi(
+            [(0.6, 5.0), (2.9, 140.0)],
+            7.0,
+            (2200.0, 8.0),
+            (5.0, 1.0),
+        ));
+        let w = t.windows();
+        assert_eq!(w.len(), 1, "{w:?}");
+        // 40 decode passes at a batch of 4 (the gauge's mean), 0.9 s of them, no prefill
+        assert_eq!(
+            (w[0].steps, w[0].generated, w[0].itl_count),
+            (40.0, 160.0, 40.0)
+        );
+        assert!((w[0].itl_sum - 0.9).abs() < 1e-12);
+        assert_eq!((w[0].prefill_count, w[0].prompt_computed), (0.0, 0.0));
+        // the queue drained, but the last group's prefill pass is not timed yet
+        t.observe(tgi_in_flight(
+            [(0.6, 5.0), (3.0, 145.0)],
+            8.0,
+            (2200.0, 8.0),
+            (5.0, 0.0),
+            1.0,
+        ));
+        assert_eq!(t.windows().len(), 2, "only the scrape's decode window");
+        // settled: the chunk's 2 prefill passes admitted its 2 arrivals
+        t.observe(tgi(
+            [(0.8, 6.0), (3.4, 160.0)],
+            8.0,
+            (2200.0, 8.0),
+            (5.0, 0.0),
+        ));
+        let w = t.windows();
+        assert_eq!(w.len(), 4, "{w:?}");
+        let p = w[3];
+        assert!((p.prefill_sum - 0.3).abs() < 1e-12, "{p:?}");
+        assert_eq!(
+            (p.prefill_count, p.prefill_seqs, p.prefill_tokens),
+            (2.0, 2.0, 1000.0)
+        );
+        assert_eq!(
+            (p.itl_count, p.steps),
+            (0.0, 60.0),
+            "only the prefill equation"
+        );
+    }
+
+    #[test]
+    fn tgi_restarts_start_over_and_a_busy_engine_still_gets_prefill_windows() {
+        let t = Timings::default();
+        t.observe(tgi(
+            [(0.5, 4.0), (2.0, 100.0)],
+            6.0,
+            (1200.0, 6.0),
+            (0.0, 0.0),
+        ));
+        // a restart: counters went down
+        t.observe(tgi([(0.1, 1.0), (0.1, 5.0)], 1.0, (50.0, 1.0), (1.0, 0.0)));
+        assert!(t.windows().is_empty());
+        // a vLLM reading after TGI's (another engine at the same address) is no window
+        t.observe(read(&vllm(10.0, 40.0, (0.5, 30.0), (0.2, 2.0, 400.0)), 4.0));
+        assert!(t.windows().is_empty());
+        let t = Timings::default();
+        let mut n = 0.0;
+        for _ in 0..=tgi::MAX_CHUNK {
+            n += 1.0;
+            t.observe(tgi([(n, n), (n, 10.0 * n)], n, (100.0 * n, n), (4.0, 2.0)));
+        }
+        let prefills = t.windows().iter().filter(|w| w.prefill_count > 0.0).count();
+        assert_eq!(
+            prefills, 1,
+            "a queue that never drains is cut every MAX_CHUNK scrapes"
+        );
+    }
+
+    #[test]
+    fn tgi_without_forward_passes_reports_nothing() {
+        let s = prom::parse("tgi_queue_size 0\ntgi_batch_current_size 1\n");
+        assert_eq!(Counters::from_tgi(&s, 0.0), None);
+    }
+
     #[test]
     fn the_real_vllm_capture_reads() {
         let text = include_str!("../../tests/fixtures/vllm-0.32.0/metrics-under-load.txt");
         let c = Counters::from_vllm(&prom::parse(text), 0.0).expect("0.32 reports steps");
-        let t = c.totals();
+        let Counters::Vllm(t) = c else {
+            panic!("read as vLLM: {c:?}");
+        };
         assert!(
             t.steps > 0.0 && t.generated > 0.0 && t.prompt_computed > 0.0,
             "{c:?}"

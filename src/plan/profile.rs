@@ -141,10 +141,13 @@ impl BackendProfile {
     }
 
     /// Slots and KV capacity, with the rest of the timing at its defaults.
+    /// The engine's limits, and how it schedules: TGI prefills an admitted group in a forward
+    /// pass of its own.
     fn limits(&self) -> Timing {
         Timing {
             max_num_seqs: self.slots.max(1) as usize,
             kv_capacity_tokens: self.kv_capacity_tokens.unwrap_or(DEFAULT_KV_TOKENS).max(1),
+            prefill_pass: self.kind.as_deref() == Some("tgi"),
             ..Timing::default()
         }
     }
@@ -432,6 +435,7 @@ mod tests {
                     prefill_sum: 4.0 * step(per_req),
                     prefill_count: 4.0,
                     prefill_tokens: 4.0 * per_req,
+                    prefill_seqs: 0.0,
                 }
             })
             .collect()

@@ -488,9 +488,9 @@ fn secs(a: Instant, b: Instant) -> f64 {
 }
 
 /// The share of a step that the timing model gives to prefilling `admitted` new sequences
-/// (`prefill` uncached tokens) next to `running` older ones, which decode: the new ones' prompt
-/// and per-sequence costs, plus the fixed cost when nothing else runs. It only splits a step
-/// measured on the clock into TGI's two forward passes.
+/// (`prefill` uncached tokens) next to `running` older ones. TGI runs them as two forward
+/// passes, each with the fixed cost: a prefill of the new group (its prompts and sequences) and
+/// a decode of the older ones. It only splits a step measured on the clock into those passes.
 fn prefill_share(t: &Timing, admitted: usize, running: usize, prefill: u32) -> f64 {
     if admitted == 0 {
         return 0.0;
@@ -498,9 +498,11 @@ fn prefill_share(t: &Timing, admitted: usize, running: usize, prefill: u32) -> f
     if running == 0 {
         return 1.0;
     }
-    let new = t.prefill_per_token.as_secs_f64() * f64::from(prefill)
-        + t.decode_per_seq.as_secs_f64() * admitted as f64;
-    let old = t.decode_base.as_secs_f64() + t.decode_per_seq.as_secs_f64() * running as f64;
+    let base = t.decode_base.as_secs_f64();
+    let per_seq = t.decode_per_seq.as_secs_f64();
+    let new =
+        base + t.prefill_per_token.as_secs_f64() * f64::from(prefill) + per_seq * admitted as f64;
+    let old = base + per_seq * running as f64;
     if new + old > 0.0 {
         new / (new + old)
     } else {

@@ -27,7 +27,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 
-use super::config::{SimConfig, SimKind};
+use super::config::{SimConfig, SimKind, Timing};
 use super::engine::{Engine, LoraRun};
 use super::fault::{FaultMode, FaultRequest, FaultState};
 use super::kv_publisher::KvPublisher;
@@ -157,7 +157,11 @@ impl Sim {
                 ));
                 let engine = (config.speed > 0.0).then(|| {
                     Engine::start(
-                        config.timing.clone(),
+                        Timing {
+                            // TGI prefills an admitted group in a pass of its own
+                            prefill_pass: config.kind == SimKind::Tgi,
+                            ..config.timing.clone()
+                        },
                         config.speed,
                         fault.clone(),
                         stats.clone(),

@@ -1,9 +1,10 @@
 //! `GET /admin/profile`: a live gateway exports what each engine reports of its own timing,
 //! and `sluice plan` fits the engine's step costs to it ("more servers like gpu-a").
 //!
-//! The accuracy test drives the workload the fit is hardest on (bursty on/off arrivals, a
-//! bimodal prompt mix, some long answers) through two simulated vLLM engines of known timing
-//! and checks the merged fit recovers that timing. It measures wall-clock engines, so it is
+//! The accuracy tests drive the workload the fit is hardest on (bursty on/off arrivals, a
+//! bimodal prompt mix, some long answers) through two simulated engines of known timing, vLLM
+//! (steps, inter-token and prefill histograms) and TGI (forward passes by method), and check
+//! the merged fit recovers that timing. It measures wall-clock engines, so it is
 //! `#[ignore]`d in the suite and run alone with the other timing comparisons
 //! (`cargo test --test it plan_ -- --ignored --test-threads=1`).
 
@@ -26,23 +27,26 @@ fn timing() -> Timing {
     }
 }
 
-async fn vllm() -> sluice::sim::SimHandle {
+async fn engine(kind: SimKind) -> sluice::sim::SimHandle {
     sim_with(
-        SimConfig::new(SimKind::Vllm, vec!["m".into()])
+        SimConfig::new(kind, vec!["m".into()])
             .timing(timing())
             .max_model_len(8_192),
     )
     .await
 }
 
-/// Two vLLM backends scraped every 250 ms.
-fn config(a: &str, b: &str) -> String {
-    format!(
+/// Two engines of `kind` scraped every 250 ms, behind a gateway.
+async fn fleet(kind: SimKind) -> (TestGateway, [sluice::sim::SimHandle; 2]) {
+    let (a, b) = (engine(kind).await, engine(kind).await);
+    let name = kind.as_str();
+    let config = format!(
         "\n[health]\ninterval = \"50ms\"\nsignals_interval = \"250ms\"\ntimeout = \"2s\"\n\
          healthy_threshold = 1\nunhealthy_threshold = 3\n{}{}",
-        backend("gpu-a", "vllm", a, &["m"]),
-        backend("gpu-b", "vllm", b, &["m"])
-    )
+        backend("gpu-a", name, &a.url(), &["m"]),
+        backend("gpu-b", name, &b.url(), &["m"])
+    );
+    (TestGateway::start_healthy(&config).await, [a, b])
 }
 
 /// A prompt of about `words` tokens that shares no block with another request's.
@@ -132,8 +136,7 @@ async fn profile_with_windows(gw: &TestGateway, min: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_profile_carries_the_engines_timing_and_becomes_a_plannable_engine() {
-    let (a, b) = (vllm().await, vllm().await);
-    let gw = TestGateway::start_healthy(&config(&a.url(), &b.url())).await;
+    let (gw, _sims) = fleet(SimKind::Vllm).await;
     let c = client();
     let before = get_json(&c, gw.admin_url("/admin/profile")).await;
     assert_eq!(before["backends"], json!([]), "nothing measured yet");
@@ -152,7 +155,44 @@ async fn a_live_profile_carries_the_engines_timing_and_becomes_a_plannable_engin
         "slots {}",
         t.max_num_seqs
     );
-    // a loose check here (the suite shares the cores); the accuracy test below is strict
+    loosely_right(&t, &fit);
+    let err = sluice::plan::profile::measured(&text, &["gpu-c".into()], None).expect_err("absent");
+    assert!(err.contains("it has: gpu-a, gpu-b"), "{err}");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tgi_profile_is_fitted_from_its_forward_passes() {
+    let (gw, _sims) = fleet(SimKind::Tgi).await;
+    bursty(&gw, 6.0, 2.0, 4.0, 1.0).await;
+    let text = profile_with_windows(&gw, 8).await;
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(v["backends"][0]["kind"], "tgi");
+    let windows = v["backends"][0]["engine"]["windows"]
+        .as_array()
+        .expect("windows");
+    assert!(
+        windows
+            .iter()
+            .any(|w| w["prefill_seqs"].as_f64() > Some(0.0)),
+        "TGI's prefill passes carry their admitted groups: {windows:?}"
+    );
+    let both = ["gpu-a".to_string(), "gpu-b".to_string()];
+    for b in v["backends"].as_array().unwrap() {
+        for w in b["engine"]["windows"].as_array().unwrap() {
+            if w["prefill_count"].as_f64() > Some(0.0) {
+            }
+        }
+    }
+    let (t, fit) =
+        sluice::plan::profile::measured(&text, &both, None).expect("a plannable profile");
+    assert_eq!(fit.source, "engine metrics");
+    loosely_right(&t, &fit);
+    gw.stop().await;
+}
+
+/// A loose check for the suite, which shares the cores; the accuracy tests are strict.
+fn loosely_right(t: &Timing, fit: &sluice::plan::profile::FitSummary) {
     let step = (t.decode_base + t.decode_per_seq).as_secs_f64();
     assert!(
         (0.008..0.05).contains(&step),
@@ -163,22 +203,31 @@ async fn a_live_profile_carries_the_engines_timing_and_becomes_a_plannable_engin
         (30e-6..300e-6).contains(&per_token),
         "prefill {per_token} s/token: {fit:?}"
     );
-    let err = sluice::plan::profile::measured(&text, &["gpu-c".into()], None).expect_err("absent");
-    assert!(err.contains("it has: gpu-a, gpu-b"), "{err}");
-    gw.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a timing comparison: run alone (CI runs it after the suite; bench/README.md)"]
 async fn plan_accuracy_the_engine_profile_recovers_the_simulated_timing() {
-    let (a, b) = (vllm().await, vllm().await);
-    let gw = TestGateway::start_healthy(&config(&a.url(), &b.url())).await;
+    recovers(SimKind::Vllm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a timing comparison: run alone (CI runs it after the suite; bench/README.md)"]
+async fn plan_accuracy_the_tgi_profile_recovers_the_simulated_timing() {
+    recovers(SimKind::Tgi).await;
+}
+
+/// 40 s of bursty traffic through two engines of `kind`: the merged fit lands within 10% of
+/// the configured costs.
+async fn recovers(kind: SimKind) {
+    let (gw, _sims) = fleet(kind).await;
     let n = bursty(&gw, 40.0, 5.0, 5.0, 1.0).await;
     let text = profile_with_windows(&gw, 40).await;
     let both = ["gpu-a".to_string(), "gpu-b".to_string()];
     let (_, fit) =
         sluice::plan::profile::measured(&text, &both, None).expect("a plannable profile");
     let want = timing();
+    let mut off_by = Vec::new();
     for (name, truth) in [
         ("prefill_per_token", want.prefill_per_token),
         ("decode_base", want.decode_base),
@@ -186,17 +235,19 @@ async fn plan_accuracy_the_engine_profile_recovers_the_simulated_timing() {
     ] {
         let p = fit.params.iter().find(|p| p.name == name).expect("fitted");
         let truth = truth.as_secs_f64();
-        let off = (p.value - truth).abs() / truth;
         eprintln!(
-            "{name}: fitted {:.4} ms ± {:.4}, true {:.4} ms ({:+.1}%)",
+            "{kind:?} {name}: fitted {:.4} ms ± {:.4}, true {:.4} ms ({:+.1}%)",
             p.value * 1e3,
             p.stderr * 1e3,
             truth * 1e3,
             (p.value / truth - 1.0) * 100.0
         );
+        off_by.push((name, (p.value - truth).abs() / truth));
+    }
+    for (name, off) in off_by {
         assert!(
             off <= 0.10,
-            "{name} {:.1}% off after {n} requests: {fit:?}",
+            "{kind:?} {name} {:.1}% off after {n} requests: {fit:?}",
             off * 100.0
         );
     }
