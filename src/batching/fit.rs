@@ -59,6 +59,22 @@ pub struct Window {
     /// its step with the running batch (vLLM).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub prefill_seqs: f64,
+    /// Requests that finished: sum and count of their wait in the engine's queue.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub queue_sum: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub queue_count: f64,
+    /// Requests that finished: sum and count of their time from admission to their last token.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inference_sum: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inference_count: f64,
+    /// Requests answered: sum and count of their time from the gateway sending them to the
+    /// engine to their last byte, as the gateway measured it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sent_sum: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sent_count: f64,
 }
 
 fn is_zero(v: &f64) -> bool {
@@ -115,6 +131,10 @@ pub struct EngineFit {
     /// never varied: `decode_per_seq`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fixed: Vec<String>,
+    /// Time to first token spent outside the engine's scheduler (see [`outside`]), when the
+    /// windows tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outside: Option<Estimate>,
 }
 
 /// Why no timing could be fitted.
@@ -215,7 +235,48 @@ pub fn fit(windows: &[Window]) -> Result<EngineFit, FitError> {
         windows: used as u64,
         time_ratio,
         fixed,
+        outside: outside(windows),
     })
+}
+
+/// Answers the gateway must have timed before [`outside`] is offered.
+pub const MIN_OUTSIDE_SAMPLES: f64 = 10.0;
+
+/// The part of a request's time spent outside the engine's scheduler: the gateway's mean time
+/// from sending a request to its last byte over the engine's mean queue wait plus inference
+/// time (the HTTP exchange, the engine's frontend parsing and tokenizing, the network). The
+/// same requests on both sides, but not counted in the same windows, so means of sums; the
+/// standard error is that of the per-window differences (a floor). `None` without
+/// [`MIN_OUTSIDE_SAMPLES`] answers on both sides.
+pub fn outside(windows: &[Window]) -> Option<Estimate> {
+    let total = |f: fn(&Window) -> f64| windows.iter().map(f).sum::<f64>();
+    let mean = |sum: f64, n: f64| if n >= 1.0 { sum / n } else { 0.0 };
+    let (sent, n) = (total(|w| w.sent_sum), total(|w| w.sent_count));
+    let done = total(|w| w.inference_count);
+    if n < MIN_OUTSIDE_SAMPLES || done < MIN_OUTSIDE_SAMPLES {
+        return None;
+    }
+    let engine = mean(total(|w| w.queue_sum), total(|w| w.queue_count))
+        + mean(total(|w| w.inference_sum), done);
+    let value = (mean(sent, n) - engine).max(0.0);
+    let gaps: Vec<(f64, f64)> = windows
+        .iter()
+        .filter(|w| w.sent_count >= 1.0 && w.inference_count >= 1.0)
+        .map(|w| {
+            let engine =
+                mean(w.queue_sum, w.queue_count) + mean(w.inference_sum, w.inference_count);
+            (w.sent_count, w.sent_sum / w.sent_count - engine)
+        })
+        .collect();
+    let weight: f64 = gaps.iter().map(|g| g.0).sum();
+    let centre = gaps.iter().map(|g| g.0 * g.1).sum::<f64>() / weight.max(1.0);
+    let spread = gaps
+        .iter()
+        .map(|g| g.0 * (g.1 - centre).powi(2))
+        .sum::<f64>()
+        / weight.max(1.0);
+    let stderr = (spread / (gaps.len() as f64).max(1.0)).sqrt();
+    (value.is_finite() && stderr.is_finite()).then_some(Estimate { value, stderr })
 }
 
 /// Huber-weighted least squares with θ ≥ 0: the estimate and its standard errors.

@@ -73,6 +73,10 @@ pub struct Timing {
     /// The engine prefills an admitted group in a forward pass of its own, then decodes the
     /// batch (TGI): a step that admits beside running sequences costs one more `decode_base`.
     pub prefill_pass: bool,
+    /// Time to first token a request spends outside the scheduler (the HTTP exchange, the
+    /// engine's frontend parsing and tokenizing it): added to its time to first token by the
+    /// planner; the simulator's own is what its HTTP server takes.
+    pub outside: Duration,
 }
 
 impl Default for Timing {
@@ -88,6 +92,7 @@ impl Default for Timing {
             min_output_tokens: 16,
             max_output_tokens: 128,
             prefill_pass: false,
+            outside: Duration::ZERO,
         }
     }
 }
@@ -153,9 +158,9 @@ pub struct Batch<T> {
     max_loras: usize,
     /// Waiting requests the last admission round skipped for the LoRA limit.
     deferred: usize,
-    /// The last admission round admitted beside running sequences (a second pass where the
-    /// timing has `prefill_pass`).
-    beside: bool,
+    /// Sequences the last admission round admitted beside running ones (0: none, or nothing
+    /// was running): a pass of their own where the timing has `prefill_pass`.
+    beside: u32,
 }
 
 impl<T> Batch<T> {
@@ -168,7 +173,7 @@ impl<T> Batch<T> {
             kv_reserved: 0,
             max_loras: 0,
             deferred: 0,
-            beside: false,
+            beside: 0,
         }
     }
 
@@ -252,7 +257,11 @@ impl<T> Batch<T> {
             }
         }
         self.deferred = skipped.len();
-        self.beside = before > 0 && self.running.len() > before;
+        self.beside = if before > 0 {
+            u32::try_from(self.running.len() - before).unwrap_or(u32::MAX)
+        } else {
+            0
+        };
         // the skipped ones go back in front, in their order, as vLLM puts them back
         for q in skipped.into_iter().rev() {
             self.waiting.push_front(q);
@@ -319,16 +328,44 @@ impl<T> Batch<T> {
     /// (capped at an hour).
     pub fn step_duration(&self, prefill: u32) -> Duration {
         let t = &self.timing;
-        let passes = if t.prefill_pass && self.beside && prefill > 0 {
-            2
-        } else {
-            1
-        };
+        let passes = if self.separate_pass(prefill) { 2 } else { 1 };
         t.decode_base
             .saturating_mul(passes)
             .saturating_add(t.decode_per_seq.saturating_mul(self.running.len() as u32))
             .saturating_add(t.prefill_per_token.saturating_mul(prefill))
             .min(Duration::from_secs(3600))
+    }
+
+    /// Whether the step prefills its admitted sequences in a pass of their own.
+    fn separate_pass(&self, prefill: u32) -> bool {
+        self.timing.prefill_pass && self.beside > 0 && prefill > 0
+    }
+
+    /// How far into the step the sequences admitted for it have their first token: the step's
+    /// end, or where they are prefilled in a pass of their own, that pass's end (TGI sends the
+    /// first token before it decodes the batch).
+    pub fn first_token_after(&self, prefill: u32) -> Duration {
+        if !self.separate_pass(prefill) {
+            return self.step_duration(prefill);
+        }
+        let t = &self.timing;
+        t.decode_base
+            .saturating_add(t.decode_per_seq.saturating_mul(self.beside))
+            .saturating_add(t.prefill_per_token.saturating_mul(prefill))
+            .min(Duration::from_secs(3600))
+    }
+
+    /// The sequences that have no token yet make their first (the end of a separate prefill
+    /// pass, before the step's decode); returns the tokens generated.
+    pub fn first_tokens(&mut self) -> u64 {
+        let mut tokens = 0u64;
+        for s in &mut self.running {
+            if s.generated == 0 && s.out_len > 0 {
+                s.generated = 1;
+                tokens += 1;
+            }
+        }
+        tokens
     }
 
     /// Steps until the first running sequence finishes (at least 1; 0 when nothing runs).

@@ -87,13 +87,21 @@ fn a_separate_prefill_pass_costs_one_more_base_only_beside_a_running_batch() {
         Duration::from_millis(11) + Duration::from_micros(80)
     );
     b.advance(1);
-    // beside the running one: a prefill pass and a decode pass, each with the base
+    // beside the running one: a prefill pass and a decode pass, each with the base; the new
+    // one's first token comes at the end of its own pass, and the decode gives it a second
     b.waiting.push_back(queued(1, vec![2; 8], 4));
     let prefill = b.admit(|_| {});
     assert_eq!(
         b.step_duration(prefill),
         Duration::from_millis(22) + Duration::from_micros(80)
     );
+    assert_eq!(
+        b.first_token_after(prefill),
+        Duration::from_millis(11) + Duration::from_micros(80)
+    );
+    assert_eq!(b.first_tokens(), 1);
+    assert_eq!(b.advance(1), 2);
+    assert_eq!(b.running[1].generated, 2);
     // nothing admitted: a decode pass
     let prefill = b.admit(|_| {});
     assert_eq!(b.step_duration(prefill), Duration::from_millis(12));

@@ -20,7 +20,9 @@
 //!   gateway's own timings.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use crate::batching::fit::Window;
 
@@ -66,7 +68,11 @@ impl Counters {
             prefill_sum: total("vllm:request_prefill_time_seconds_sum"),
             prefill_count: total("vllm:request_prefill_time_seconds_count"),
             prefill_tokens: total("vllm:request_prefill_kv_computed_tokens_sum"),
-            prefill_seqs: 0.0,
+            queue_sum: total("vllm:request_queue_time_seconds_sum"),
+            queue_count: total("vllm:request_queue_time_seconds_count"),
+            inference_sum: total("vllm:request_inference_time_seconds_sum"),
+            inference_count: total("vllm:request_inference_time_seconds_count"),
+            ..Window::default()
         }))
     }
 
@@ -96,7 +102,11 @@ fn vllm_window(now: &Window, prev: &Window) -> Option<Window> {
         prefill_sum: d(now.prefill_sum, prev.prefill_sum)?,
         prefill_count: d(now.prefill_count, prev.prefill_count)?,
         prefill_tokens: d(now.prefill_tokens, prev.prefill_tokens)?,
-        prefill_seqs: 0.0,
+        queue_sum: d(now.queue_sum, prev.queue_sum)?,
+        queue_count: d(now.queue_count, prev.queue_count)?,
+        inference_sum: d(now.inference_sum, prev.inference_sum)?,
+        inference_count: d(now.inference_count, prev.inference_count)?,
+        ..Window::default()
     })
 }
 
@@ -104,6 +114,9 @@ fn vllm_window(now: &Window, prev: &Window) -> Option<Window> {
 #[derive(Debug, Default)]
 pub struct Timings {
     inner: Mutex<Inner>,
+    /// The gateway's own times from sending a request here to its last byte: total
+    /// nanoseconds, count.
+    answers: (AtomicU64, AtomicU64),
 }
 
 #[derive(Debug, Default)]
@@ -111,6 +124,8 @@ struct Inner {
     last: Option<Counters>,
     /// TGI's scrapes since its last prefill window.
     chunk: tgi::Chunk,
+    /// The gateway's answer totals already put in a window.
+    answers_kept: (u64, u64),
     windows: VecDeque<Window>,
 }
 
@@ -136,9 +151,32 @@ impl Timings {
             _ => [None, None],
         };
         g.last = Some(now);
-        for w in windows.into_iter().flatten().filter(|w| w.steps > 0.0) {
+        let mut first = true;
+        for mut w in windows.into_iter().flatten().filter(|w| w.steps > 0.0) {
+            if std::mem::take(&mut first) {
+                self.add_answers(&mut g, &mut w);
+            }
             g.keep(w);
         }
+    }
+
+    /// A request's answer ended `took` after it was sent to this backend.
+    pub fn answered(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.answers.0.fetch_add(ns, Ordering::Relaxed);
+        self.answers.1.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Put the answers timed since the last window that got them into `w`.
+    fn add_answers(&self, g: &mut Inner, w: &mut Window) {
+        let now = (
+            self.answers.0.load(Ordering::Relaxed),
+            self.answers.1.load(Ordering::Relaxed),
+        );
+        let (ns, n) = g.answers_kept;
+        w.sent_sum = now.0.saturating_sub(ns) as f64 / 1e9;
+        w.sent_count = now.1.saturating_sub(n) as f64;
+        g.answers_kept = now;
     }
 
     /// The kept windows, oldest first.

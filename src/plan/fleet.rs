@@ -84,6 +84,9 @@ struct Engine {
     batch: Batch<usize>,
     seg_start: u64,
     step_ns: u64,
+    /// Into the segment's first step, when the sequences admitted for it have their first
+    /// token (before its end where they are prefilled in a pass of their own).
+    first_ns: u64,
     steps: u32,
     version: u64,
     busy: bool,
@@ -112,6 +115,8 @@ struct Sim<'a> {
     outcomes: Vec<Outcome>,
     events: BinaryHeap<Reverse<(u64, usize, u64)>>,
     block: u32,
+    /// The engines' time to first token outside their scheduler, ns.
+    outside_ns: u64,
     last_finish: u64,
 }
 
@@ -159,6 +164,7 @@ impl<'a> Sim<'a> {
                     batch: Batch::new(timing.clone()),
                     seg_start: 0,
                     step_ns: 0,
+                    first_ns: 0,
                     steps: 0,
                     version: 0,
                     busy: false,
@@ -181,6 +187,7 @@ impl<'a> Sim<'a> {
             outcomes: vec![Outcome::default(); reqs.len()],
             events: BinaryHeap::new(),
             block: timing.block_size.max(1),
+            outside_ns: u64::try_from(timing.outside.as_nanos()).unwrap_or(u64::MAX),
             last_finish: 0,
         }
     }
@@ -245,7 +252,7 @@ impl<'a> Sim<'a> {
         if version != eng.version {
             return;
         }
-        let first_at = eng.seg_start + eng.step_ns;
+        let first_at = eng.seg_start + eng.first_ns;
         let span = now - eng.seg_start;
         eng.busy_ns += span;
         eng.batch_ns += eng.batch.running.len() as f64 * span as f64;
@@ -257,6 +264,9 @@ impl<'a> Sim<'a> {
                     g.first_token();
                 }
             }
+        }
+        if eng.first_ns < eng.step_ns {
+            eng.batch.first_tokens();
         }
         eng.batch.advance(eng.steps);
         let mut done = Vec::new();
@@ -275,7 +285,9 @@ impl<'a> Sim<'a> {
         let first = live.first_ns.unwrap_or(now);
         let out = &mut self.outcomes[i];
         out.queue_ns = live.admitted_ns - r.at_ns;
-        out.ttft_ns = first - r.at_ns;
+        // the time outside the scheduler delays every token the client sees, not their gaps
+        let outside = self.outside_ns;
+        out.ttft_ns = first - r.at_ns + outside;
         out.tpot_ns = (seq.out_len >= 2).then(|| (now - first) / u64::from(seq.out_len - 1));
         out.cached_tokens = seq.cached;
         if let Some(guard) = live.guard.take() {
@@ -286,8 +298,8 @@ impl<'a> Sim<'a> {
                 // the modelled engines report no cached tokens to the modelled gateway
                 cached_tokens: 0,
                 completion_tokens: u64::from(seq.out_len),
-                ttft: Some(Duration::from_nanos(first - r.at_ns)),
-                total: Duration::from_nanos(now - r.at_ns),
+                ttft: Some(Duration::from_nanos(first - r.at_ns + outside)),
+                total: Duration::from_nanos(now - r.at_ns + outside),
                 queued: live.queued,
             };
             // as settlement counts it: the in-flight requests with this one
@@ -315,6 +327,8 @@ impl<'a> Sim<'a> {
         eng.busy = true;
         eng.steps = steps;
         eng.step_ns = (eng.batch.step_duration(prefill).as_nanos() as u64).max(1);
+        eng.first_ns =
+            (eng.batch.first_token_after(prefill).as_nanos() as u64).clamp(1, eng.step_ns);
         eng.seg_start = now;
         eng.version += 1;
         let end = now + u64::from(steps) * eng.step_ns;

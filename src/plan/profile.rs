@@ -298,6 +298,9 @@ fn from_engine(
         prefill_per_token: secs(f.prefill_per_token),
         decode_base: secs(f.decode_base),
         decode_per_seq: secs(f.decode_per_seq),
+        outside: f
+            .outside
+            .map_or(Duration::ZERO, |e| Duration::from_secs_f64(e.value)),
         ..limits
     };
     let summary = FitSummary {
@@ -320,7 +323,19 @@ fn names(bs: &[&BackendProfile]) -> String {
         .join(", ")
 }
 
+/// The fitted step costs, then the time outside the engine when the profile tells it.
 fn params(f: &EngineFit) -> Vec<FitParam> {
+    let mut all = costs(f);
+    all.extend(f.outside.map(|e| FitParam {
+        name: "outside_engine".into(),
+        value: e.value,
+        stderr: e.stderr,
+    }));
+    all
+}
+
+/// The fitted step costs.
+fn costs(f: &EngineFit) -> Vec<FitParam> {
     [
         ("prefill_per_token", f.prefill_per_token),
         ("decode_base", f.decode_base),
@@ -337,13 +352,13 @@ fn params(f: &EngineFit) -> Vec<FitParam> {
 
 /// The backends whose own fit differs from the merged one, and by how much.
 fn differences(bs: &[&BackendProfile], merged: &EngineFit) -> Vec<String> {
-    let all = params(merged);
+    let all = costs(merged);
     let mut out = Vec::new();
     for b in bs {
         let Ok(own) = fit::fit(b.windows()) else {
             continue;
         };
-        for (m, o) in all.iter().zip(params(&own)) {
+        for (m, o) in all.iter().zip(costs(&own)) {
             let gap = (o.value - m.value).abs();
             if m.value > 0.0 && gap > DIFFERS * m.value && gap > 2.0 * (o.stderr + m.stderr) {
                 out.push(format!(
@@ -435,7 +450,7 @@ mod tests {
                     prefill_sum: 4.0 * step(per_req),
                     prefill_count: 4.0,
                     prefill_tokens: 4.0 * per_req,
-                    prefill_seqs: 0.0,
+                    ..Window::default()
                 }
             })
             .collect()

@@ -165,6 +165,7 @@ impl Engine {
             step_start: Instant::now(),
             prev_step_end: Instant::now(),
             prefill_share: 0.0,
+            prefilled: StepObs::default(),
             lora,
             adapters: HashMap::new(),
         };
@@ -249,6 +250,9 @@ struct Scheduler {
     prev_step_end: Instant,
     /// The share of the current step that prefills the requests admitted in it.
     prefill_share: f64,
+    /// What a prefill pass of its own already did in the current step (TGI): the requests it
+    /// prefilled and their first tokens.
+    prefilled: StepObs,
     /// LoRA slots and bookkeeping (none: LoRA off).
     lora: Option<LoraState>,
     /// Every adapter a request was submitted under, by id: the names its stored blocks are
@@ -286,11 +290,17 @@ impl Scheduler {
                 .batch
                 .step_duration(prefill_tokens)
                 .saturating_add(loading);
-            let factor = self.fault.slow_factor() / self.speed;
-            let step = step.mul_f64(factor.clamp(0.0, 1.0e6));
+            let factor = (self.fault.slow_factor() / self.speed).clamp(0.0, 1.0e6);
+            let first = (self.batch.first_token_after(prefill_tokens) + loading).mul_f64(factor);
+            let step = step.mul_f64(factor);
             let now = tokio::time::Instant::now();
             // keep the average step rate right even when steps are shorter than the timer tick
             next_step = (next_step + step).max(now - Duration::from_millis(5));
+            if first < step {
+                // a prefill pass of its own: its first tokens go out before the decode pass
+                tokio::time::sleep_until(next_step - step + first).await;
+                self.prefill_pass_done();
+            }
             tokio::time::sleep_until(next_step).await;
             self.step_done();
             self.publish();
@@ -400,16 +410,38 @@ impl Scheduler {
             .record(&lora.active.label(), super::unix_now_f64());
     }
 
+    /// A prefill pass of its own ended: the sequences it prefilled have their first token.
+    fn prefill_pass_done(&mut self) {
+        let now = Instant::now();
+        self.prefilled.generated = self.batch.first_tokens();
+        for seq in &mut self.batch.running {
+            if seq.tag.first_token.is_none() && seq.generated > 0 {
+                self.prefilled.prefilled += 1;
+                self.prefilled.prompt_tokens += u64::from(seq.prompt_len);
+                self.prefilled.cached_tokens += u64::from(seq.cached);
+                seq.tag.first_token = Some(now);
+                self.stats.first_token(secs(seq.tag.enqueued, now));
+                if !seq.done() {
+                    let _ = seq.tag.events.try_send(progress(seq, None));
+                }
+            }
+        }
+    }
+
     /// The step ended: every running sequence has one more token.
     fn step_done(&mut self) {
         let now = Instant::now();
         let aborted = self.batch.retain_running(|s| !s.tag.events.is_closed());
         self.stats.aborted.fetch_add(aborted as u64, Relaxed);
+        let early = std::mem::take(&mut self.prefilled);
         let mut obs = StepObs {
             secs: secs(self.step_start, now),
             prefill_share: self.prefill_share,
             itl_secs: secs(self.prev_step_end, now),
-            generated: self.batch.advance(1),
+            generated: early.generated + self.batch.advance(1),
+            prefilled: early.prefilled,
+            prompt_tokens: early.prompt_tokens,
+            cached_tokens: early.cached_tokens,
             ..StepObs::default()
         };
         for seq in &mut self.batch.running {

@@ -62,6 +62,7 @@ async fn send(c: reqwest::Client, url: String, id: usize, words: usize, out: u32
     let body = json!({
         "model": "m", "max_tokens": out, "ignore_eos": true,
         "messages": [{"role": "user", "content": prompt(id, words)}],
+        "stream": true, "stream_options": {"include_usage": true},
     });
     let r = post_json(&c, url, &body).await;
     assert_eq!(r.status(), 200, "request {id}");
@@ -156,6 +157,12 @@ async fn a_live_profile_carries_the_engines_timing_and_becomes_a_plannable_engin
         t.max_num_seqs
     );
     loosely_right(&t, &fit);
+    // the gateway's own answer times over the engine's queue and inference: the HTTP exchange
+    // and the simulator's frontend, a few milliseconds
+    let outside = fit.params.iter().find(|p| p.name == "outside_engine");
+    let outside = outside.expect("the gateway timed answers").value;
+    assert!((0.0..0.05).contains(&outside), "{outside} s: {fit:?}");
+    assert_eq!(t.outside, Duration::from_secs_f64(outside));
     let err = sluice::plan::profile::measured(&text, &["gpu-c".into()], None).expect_err("absent");
     assert!(err.contains("it has: gpu-a, gpu-b"), "{err}");
     gw.stop().await;
@@ -180,8 +187,7 @@ async fn a_tgi_profile_is_fitted_from_its_forward_passes() {
     let both = ["gpu-a".to_string(), "gpu-b".to_string()];
     for b in v["backends"].as_array().unwrap() {
         for w in b["engine"]["windows"].as_array().unwrap() {
-            if w["prefill_count"].as_f64() > Some(0.0) {
-            }
+            if w["prefill_count"].as_f64() > Some(0.0) {}
         }
     }
     let (t, fit) =
@@ -252,5 +258,13 @@ async fn recovers(kind: SimKind) {
         );
     }
     assert!(fit.prompt_range.1 > 1_000.0, "{fit:?}");
+    let outside = fit.params.iter().find(|p| p.name == "outside_engine");
+    let outside = outside.expect("the gateway timed answers");
+    eprintln!(
+        "{kind:?} outside the engine: {:.2} ms ± {:.2}",
+        outside.value * 1e3,
+        outside.stderr * 1e3
+    );
+    assert!((0.0..0.05).contains(&outside.value), "{fit:?}");
     gw.stop().await;
 }

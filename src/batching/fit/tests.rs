@@ -260,3 +260,30 @@ fn the_inverse_is_an_inverse_across_scales() {
         }
     }
 }
+
+#[test]
+fn the_time_outside_the_engine_is_the_gateways_answer_time_over_queue_and_inference() {
+    // the gateway timed 40 answers at 580 ms on average; the engine's requests waited 20 ms
+    // and took 535 ms from admission to their last token: 25 ms went elsewhere
+    let w = |sent: f64| Window {
+        steps: 10.0,
+        generated: 20.0,
+        queue_sum: 0.020 * 4.0,
+        queue_count: 4.0,
+        inference_sum: 0.535 * 4.0,
+        inference_count: 4.0,
+        sent_sum: sent * 4.0,
+        sent_count: 4.0,
+        ..Window::default()
+    };
+    let windows: Vec<Window> = (0..10)
+        .map(|i| w(if i % 2 == 0 { 0.570 } else { 0.590 }))
+        .collect();
+    let o = outside(&windows).expect("enough answers");
+    assert!((o.value - 0.025).abs() < 1e-9, "{o:?}");
+    assert!(o.stderr > 0.0 && o.stderr < 0.01, "{o:?}");
+    // too few answers: no estimate; a gateway faster than the engine says: 0, not negative
+    assert_eq!(outside(&windows[..2]), None);
+    let fast: Vec<Window> = (0..10).map(|_| w(0.5)).collect();
+    assert_eq!(outside(&fast).map(|o| o.value), Some(0.0));
+}

@@ -6,7 +6,9 @@
 //! length (`tgi_request_input_length`, at validation) and the running batch now
 //! (`tgi_batch_current_size`, a gauge). Two kinds of window come out of that:
 //! - a **decode window** per scrape: its decode passes, each making one token per running
-//!   sequence (the batch: the gauge's mean over the scrape, at least one);
+//!   sequence (the batch: the gauge's mean over the scrape, at least one), and the queue wait
+//!   and inference time of the requests that finished (`tgi_request_queue_duration`,
+//!   `tgi_request_inference_duration`);
 //! - a **prefill window** per chunk of scrapes that ends *settled*: nobody waiting
 //!   (`tgi_queue_size` 0), every request that arrived in the chunk admitted, and no prefill pass
 //!   in flight (as many groups formed, `tgi_batch_next_size_count`, as prefill passes timed).
@@ -36,6 +38,10 @@ pub struct TgiTotals {
     groups: f64,
     /// (prompt tokens, requests) of arrived requests.
     input: (f64, f64),
+    /// (seconds, requests) of the queue wait and of the inference (admission to last token) of
+    /// finished requests.
+    queued: (f64, f64),
+    inference: (f64, f64),
     /// The gauges: running batch and waiting requests.
     batch: f64,
     queue: f64,
@@ -64,6 +70,14 @@ impl TgiTotals {
                 total("tgi_request_input_length_sum"),
                 total("tgi_request_input_length_count"),
             ),
+            queued: (
+                total("tgi_request_queue_duration_sum"),
+                total("tgi_request_queue_duration_count"),
+            ),
+            inference: (
+                total("tgi_request_inference_duration_sum"),
+                total("tgi_request_inference_duration_count"),
+            ),
             batch: total("tgi_batch_current_size").max(0.0),
             queue: total("tgi_queue_size").max(0.0),
         })
@@ -79,6 +93,10 @@ impl TgiTotals {
             && self.groups >= prev.groups
             && self.input.0 >= prev.input.0
             && self.input.1 >= prev.input.1
+            && self.queued.0 >= prev.queued.0
+            && self.queued.1 >= prev.queued.1
+            && self.inference.0 >= prev.inference.0
+            && self.inference.1 >= prev.inference.1
     }
 }
 
@@ -136,6 +154,10 @@ fn decode_window(prev: &TgiTotals, now: &TgiTotals) -> Option<Window> {
         generated: passes * batch,
         itl_sum: now.decode.0 - prev.decode.0,
         itl_count: passes,
+        queue_sum: now.queued.0 - prev.queued.0,
+        queue_count: now.queued.1 - prev.queued.1,
+        inference_sum: now.inference.0 - prev.inference.0,
+        inference_count: now.inference.1 - prev.inference.1,
         ..Window::default()
     })
 }

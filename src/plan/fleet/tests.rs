@@ -36,6 +36,19 @@ fn one_request_takes_a_prefill_step_then_decode_steps() {
 }
 
 #[test]
+fn time_outside_the_scheduler_delays_the_first_token_not_the_gaps_or_the_engine() {
+    let t = Timing {
+        outside: Duration::from_millis(7),
+        ..timing(4)
+    };
+    let run = simulate(&[req(0, 100, 5)], 1, &t, PolicyKind::TokenAware);
+    let o = run.outcomes[0];
+    assert_eq!(o.ttft_ns, 28 * MS);
+    assert_eq!(o.tpot_ns, Some(11 * MS));
+    assert_eq!(run.busy_ns[0], 21 * MS + 4 * 11 * MS);
+}
+
+#[test]
 fn a_full_batch_makes_the_next_request_wait() {
     let reqs = [req(0, 10, 3), req(0, 10, 3)];
     let run = simulate(&reqs, 1, &timing(1), PolicyKind::TokenAware);
