@@ -386,14 +386,31 @@ pub async fn run(backend: Arc<Backend>, cfg: HealthConfig) {
         if backend.state.health().routable() {
             refresh(&backend, &cfg, &mut last_info_ms).await;
         }
-        let jitter = rand::random_range(0.9..1.1);
-        tokio::time::sleep(
-            cfg.signals_interval
-                .mul_f64(jitter)
-                .max(Duration::from_millis(10)),
-        )
-        .await;
+        let interval = cfg.signals_interval.max(Duration::from_millis(10));
+        tokio::time::sleep(until_next_scrape(unix_ms(), interval, backend.name())).await;
     }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The wait until a backend's next scrape: the next instant of the wall clock at `offset`
+/// past a multiple of `interval`, the offset drawn from the backend's name. Every gateway
+/// replica then reads an engine at the same instants (as far as their clocks agree) and routes
+/// on the same readings; the backends of one gateway are read at instants spread over the
+/// interval, not all at once.
+fn until_next_scrape(now_ms: u64, interval: Duration, name: &str) -> Duration {
+    let every = u64::try_from(interval.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let mut h = crate::openai::request::Fnv64::new();
+    h.write(name.as_bytes());
+    let offset = h.finish() % every;
+    let since = (now_ms % every + every - offset) % every;
+    Duration::from_millis(every - since)
 }
 
 /// Publish a backend's freshly read engine signals.
@@ -410,6 +427,23 @@ pub fn backend_signals(backend: &str, s: &Signals) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scrapes_fall_on_the_same_wall_clock_instants_for_every_replica() {
+        let second = Duration::from_secs(1);
+        // two replicas whose loops woke at different moments wait for the same instant
+        let a = 1_000_000 + until_next_scrape(1_000_000, second, "gpu-a").as_millis() as u64;
+        let b = 1_000_731 + until_next_scrape(1_000_731, second, "gpu-a").as_millis() as u64;
+        assert!(a == b || a.abs_diff(b) == 1_000, "{a} {b}");
+        // never zero, never more than the interval
+        for now in [0, 1, 999, 1_000, 123_456_789] {
+            let wait = until_next_scrape(now, second, "gpu-a");
+            assert!(wait > Duration::ZERO && wait <= second, "{wait:?}");
+        }
+        // another backend at another instant of the interval
+        let c = until_next_scrape(1_000_000, second, "gpu-b");
+        assert_ne!(c, until_next_scrape(1_000_000, second, "gpu-a"));
+    }
 
     #[test]
     fn vllm_sums_engines_per_model_and_falls_back_to_gpu_cache() {
