@@ -11,7 +11,10 @@
 //! stays whole blocks, so a prompt cached to its end still computes its last block. One step lasts [`Batch::step_duration`]:
 //! `decode_base + decode_per_seq × running + prefill_per_token × uncached tokens admitted`
 //! (at speed 1). After a step every running sequence has one more token ([`Batch::advance`]);
-//! finished ones leave with [`Batch::take_done`].
+//! finished ones leave with [`Batch::take_done`]. An engine that prefills an admitted group in
+//! a forward pass of its own (TGI, [`Timing::prefill_pass`]) pays `decode_base` once more for a
+//! step that admits beside a running batch, and the group has its first token at the end of
+//! that pass ([`Batch::first_token_after`], [`Batch::first_tokens`]), a second after the decode.
 //!
 //! The owner supplies the clock: it sleeps for the step (real time) or schedules the step's end
 //! as an event (virtual time). A stretch of steps without admissions has a constant duration,
