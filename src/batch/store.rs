@@ -291,7 +291,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(&dir.path().join("state.redb")).unwrap();
         let mut b = BatchRecord::new("t", "k", "file-1", "/v1/completions", None);
-        b.start(3, None);
+        b.start(3, None, super::super::record::now());
         s.put_batch(&b).unwrap();
         let id = b.id().to_string();
         s.record_lines(&id, &[line(2, true)], |_| {}).unwrap();

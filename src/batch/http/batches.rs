@@ -54,7 +54,7 @@ async fn create_inner(ctx: Ctx, req: Request<Body>) -> Result<Response, ApiError
     let file_id = c.input_file_id.clone();
     let file = ctx
         .batches
-        .blocking(move |b| b.store.file(&file_id))
+        .blocking(move |b| b.jobs.file(&file_id))
         .await
         .map_err(internal)?
         .filter(|f| f.tenant() == who.tenant)
@@ -76,7 +76,7 @@ async fn create_inner(ctx: Ctx, req: Request<Body>) -> Result<Response, ApiError
     );
     let saved = record.clone();
     ctx.batches
-        .blocking(move |b| b.store.put_batch(&saved))
+        .blocking(move |b| b.jobs.put_batch(&saved))
         .await
         .map_err(internal)?;
     ctx.batches.wake.notify_one();
@@ -144,7 +144,7 @@ pub async fn list(ctx: Ctx, req: Request<Body>) -> Response {
             let limit = limit(q.limit, 20, 100)?;
             let mut all = ctx
                 .batches
-                .blocking(|b| b.store.batches())
+                .blocking(|b| b.jobs.batches())
                 .await
                 .map_err(internal)?;
             all.retain(|b| b.tenant() == who.tenant);
@@ -163,7 +163,7 @@ pub async fn list(ctx: Ctx, req: Request<Body>) -> Response {
 async fn owned(ctx: &Ctx, tenant: &str, id: &str) -> Result<BatchRecord, ApiError> {
     let key = id.to_string();
     ctx.batches
-        .blocking(move |b| b.store.batch(&key))
+        .blocking(move |b| b.jobs.batch(&key))
         .await
         .map_err(internal)?
         .filter(|b| b.tenant() == tenant)
@@ -191,14 +191,10 @@ pub async fn cancel(ctx: Ctx, id: String, req: Request<Body>) -> Response {
             let key = id.clone();
             let (record, ok) = ctx
                 .batches
-                .blocking(move |b| {
-                    let mut ok = false;
-                    let r = b.store.update_batch(&key, |r| ok = r.cancel())?;
-                    Ok((r, ok))
-                })
+                .blocking(move |b| b.jobs.cancel(&key))
                 .await
-                .map_err(internal)?;
-            let record = record.ok_or_else(|| no_such("Batch", &id))?;
+                .map_err(internal)?
+                .ok_or_else(|| no_such("Batch", &id))?;
             if !ok {
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,

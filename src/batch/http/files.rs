@@ -79,7 +79,7 @@ async fn create_inner(ctx: Ctx, req: Request<Body>) -> Result<Response, ApiError
         .blocking(move |b| {
             let content = body.get(span).unwrap_or_default();
             b.blobs.write(&id, [content])?;
-            b.store.put_file(&saved)
+            b.jobs.put_file(&saved)
         })
         .await
         .map_err(internal)?;
@@ -154,7 +154,7 @@ async fn list_inner(ctx: Ctx, req: Request<Body>) -> Result<Response, ApiError> 
     };
     let mut files = ctx
         .batches
-        .blocking(|b| b.store.files())
+        .blocking(|b| b.jobs.files())
         .await
         .map_err(internal)?;
     files.retain(|f| {
@@ -176,7 +176,7 @@ async fn owned(ctx: &Ctx, tenant: &str, id: &str) -> Result<FileMeta, ApiError> 
     let key = id.to_string();
     let meta = ctx
         .batches
-        .blocking(move |b| b.store.file(&key))
+        .blocking(move |b| b.jobs.file(&key))
         .await
         .map_err(internal)?;
     meta.filter(|m| m.tenant() == tenant)
@@ -226,7 +226,7 @@ pub async fn delete(ctx: Ctx, id: String, req: Request<Body>) -> Response {
             let key = meta.id().to_string();
             ctx.batches
                 .blocking(move |b| {
-                    b.store.delete_file(&key)?;
+                    b.jobs.delete_file(&key)?;
                     b.blobs.remove(&key)
                 })
                 .await
