@@ -163,6 +163,7 @@ pub async fn execute(gw: std::sync::Arc<Gateway>, job: &JobRef, line: Line) -> R
             after: MAX_HOLD,
         };
     };
+    let started = std::time::Instant::now();
     let resp = crate::proxy::handle(gw, job.api, req).await;
     let status = resp.status();
     if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
@@ -184,6 +185,7 @@ pub async fn execute(gw: std::sync::Arc<Gateway>, job: &JobRef, line: Line) -> R
             }
         }
     };
+    metrics::histogram!(m::BATCH_LINE_SECONDS).record(started.elapsed().as_secs_f64());
     let body: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     let out = json!({

@@ -346,13 +346,22 @@ async fn a_restart_mid_batch_resumes_and_runs_each_line_once() {
         base: g.url(""),
         key: None,
     };
-    let (_, b) = api.get(&path).await;
+    let (st, b) = api.get(&path).await;
     assert!(
-        b["request_counts"]["completed"].as_u64().unwrap() >= 5,
-        "{b}"
+        b["request_counts"]["completed"]
+            .as_u64()
+            .is_some_and(|c| c >= 5),
+        "{st} {b}"
     );
     let b = api.finished(&id, Duration::from_secs(60)).await;
     each_line_once(&api, &b, n).await;
+    // The status page's data counts the lines and the fleet time they used (metrics are
+    // process-wide, so at least these).
+    let (_, s) = api.get("/admin/summary").await;
+    let batch = &s["batch"];
+    assert!(batch["lines_completed"].as_f64().unwrap() >= 25.0, "{s}");
+    assert!(batch["line_seconds"].as_f64().unwrap() > 0.0, "{s}");
+    assert!(batch["batches_created"].as_f64().unwrap() >= 1.0, "{s}");
     g.stop().await;
 }
 
