@@ -63,6 +63,8 @@ pub enum BatchError {
     Task(String),
     #[error("the job state is kept {0}")]
     Mode(&'static str),
+    #[error("chunk leases: {0}")]
+    Lease(#[from] shared::lease::LeaseError),
 }
 
 /// The Files and Batches service of one `[batch] dir`: shared by the HTTP handlers and the

@@ -8,7 +8,7 @@ use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{after_cursor, answer, caller, internal, json, limit, no_such, Ctx};
+use super::{after_cursor, answer, caller, internal, json, limit, no_such, owned, Ctx};
 use crate::batch::record::BatchRecord;
 use crate::openai::ApiError;
 
@@ -159,26 +159,9 @@ pub async fn list(ctx: Ctx, req: Request<Body>) -> Response {
     )
 }
 
-/// The caller's batch `id`, or OpenAI's 404.
-async fn owned(ctx: &Ctx, tenant: &str, id: &str) -> Result<BatchRecord, ApiError> {
-    let key = id.to_string();
-    ctx.batches
-        .blocking(move |b| b.jobs.batch(&key))
-        .await
-        .map_err(internal)?
-        .filter(|b| b.tenant() == tenant)
-        .ok_or_else(|| no_such("Batch", id))
-}
-
 /// `GET /v1/batches/{id}`.
 pub async fn retrieve(ctx: Ctx, id: String, req: Request<Body>) -> Response {
-    answer(
-        async move {
-            let who = caller(&ctx.gw, req.headers())?;
-            Ok(json(&owned(&ctx, &who.tenant, &id).await?.wire()))
-        }
-        .await,
-    )
+    super::retrieve::<BatchRecord>(ctx, id, req).await
 }
 
 /// `POST /v1/batches/{id}/cancel`: `cancelling` until the lines in flight are done, then
@@ -187,7 +170,7 @@ pub async fn cancel(ctx: Ctx, id: String, req: Request<Body>) -> Response {
     answer(
         async move {
             let who = caller(&ctx.gw, req.headers())?;
-            owned(&ctx, &who.tenant, &id).await?;
+            owned::<BatchRecord>(&ctx, &who.tenant, &id).await?;
             let key = id.clone();
             let (record, ok) = ctx
                 .batches

@@ -19,6 +19,17 @@ use thiserror::Error;
 /// Deadline of one Redis call.
 const CALL_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// The first of KEYS nobody holds, taken: its 1-based index, or 0. One call for a batch's
+/// chunks, however many other replicas hold.
+const TAKE_FIRST: &str = r#"
+for i, k in ipairs(KEYS) do
+  if redis.call('SET', k, ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return i
+  end
+end
+return 0
+"#;
+
 const RENEW: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -48,6 +59,7 @@ pub struct Leases {
     /// This replica's token (the value of the keys it holds).
     token: String,
     ttl: Duration,
+    take_first: Script,
     renew: Script,
     release: Script,
 }
@@ -64,6 +76,7 @@ impl Leases {
             conn: tokio::sync::Mutex::new(None),
             token,
             ttl,
+            take_first: Script::new(TAKE_FIRST),
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
         })
@@ -93,14 +106,6 @@ impl Leases {
         Ok(made)
     }
 
-    async fn call<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, LeaseError> {
-        let mut conn = self.connection().await?;
-        tokio::time::timeout(CALL_TIMEOUT, cmd.query_async(&mut conn))
-            .await
-            .map_err(|_| LeaseError::Timeout(CALL_TIMEOUT))?
-            .map_err(LeaseError::from)
-    }
-
     async fn script(&self, s: &Script, key: &str) -> Result<bool, LeaseError> {
         let mut conn = self.connection().await?;
         let ttl = self.ttl.as_millis() as u64;
@@ -112,16 +117,21 @@ impl Leases {
         Ok(n == 1)
     }
 
-    /// Take the lease `key` when nobody holds it: whether this replica now does.
-    pub async fn acquire(&self, key: &str) -> Result<bool, LeaseError> {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(key)
-            .arg(&self.token)
-            .arg("NX")
-            .arg("PX")
-            .arg(self.ttl.as_millis() as u64);
-        let set: Option<String> = self.call(cmd).await?;
-        Ok(set.is_some())
+    /// Take the first of `keys` nobody holds: its index, `None` when all are held.
+    pub async fn take_first(&self, keys: &[String]) -> Result<Option<usize>, LeaseError> {
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        let mut conn = self.connection().await?;
+        let mut inv = self.take_first.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        inv.arg(&self.token).arg(self.ttl.as_millis() as u64);
+        let i: i64 = tokio::time::timeout(CALL_TIMEOUT, inv.invoke_async(&mut conn))
+            .await
+            .map_err(|_| LeaseError::Timeout(CALL_TIMEOUT))??;
+        Ok(usize::try_from(i).ok().and_then(|i| i.checked_sub(1)))
     }
 
     /// Extend a lease this replica holds: `false` when it no longer does.

@@ -174,14 +174,16 @@ fn load(b: &Batches, rec: &BatchRecord) -> Result<Option<Chunked>, BatchError> {
             return Ok(None);
         }
     };
-    folder.transition(
-        rec.id(),
-        Transition::Started {
-            total: input.parsed.len() as u64,
-            model: input.model.clone(),
-            chunk_lines: b.config().chunk_lines as u64,
-        },
-    )?;
+    if rec.status() == Status::Validating {
+        folder.transition(
+            rec.id(),
+            Transition::Started {
+                total: input.parsed.len() as u64,
+                model: input.model.clone(),
+                chunk_lines: b.config().chunk_lines as u64,
+            },
+        )?;
+    }
     // The chunking of the replica that started it, whatever this one's setting.
     let chunk_lines = folder
         .markers(rec.id())?
@@ -190,7 +192,7 @@ fn load(b: &Batches, rec: &BatchRecord) -> Result<Option<Chunked>, BatchError> {
             Transition::Started { chunk_lines, .. } => Some(chunk_lines.max(1)),
             _ => None,
         })
-        .unwrap_or(1);
+        .unwrap_or(b.config().chunk_lines as u64);
     Ok(Some(Chunked {
         input: Arc::new(input),
         chunk_lines,
@@ -221,28 +223,16 @@ async fn pick(
             .map(|n| (n.to_string(), Some(n)))
             .collect()
     };
-    for (piece, n) in pieces {
-        let key = lease::key(&id, &piece);
-        if acquire(leases, &key).await {
-            let input = c.input.clone();
-            return Ok(Some(match n {
-                Some(n) => Work::Chunk { input, n, key },
-                None => Work::Finalize { input, key },
-            }));
-        }
-    }
-    Ok(None)
-}
-
-/// Take a lease; a Redis failure is no lease (nothing runs until Redis answers again).
-async fn acquire(leases: &Leases, key: &str) -> bool {
-    match leases.acquire(key).await {
-        Ok(got) => got,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot take a batch lease");
-            false
-        }
-    }
+    let keys: Vec<String> = pieces.iter().map(|(p, _)| lease::key(&id, p)).collect();
+    // A Redis failure ends the look: nothing runs until Redis answers again.
+    let Some(i) = leases.take_first(&keys).await? else {
+        return Ok(None);
+    };
+    let (key, input) = (keys[i].clone(), c.input.clone());
+    Ok(Some(match pieces[i].1 {
+        Some(n) => Work::Chunk { input, n, key },
+        None => Work::Finalize { input, key },
+    }))
 }
 
 fn chunk_count(lines: usize, chunk_lines: u64) -> u64 {
@@ -348,6 +338,8 @@ fn finalize(b: &Batches, input: &Input, chunk_lines: u64, token: &str) -> Result
     let committed = folder.committed(id)?;
     let chunks = chunk_count(input.parsed.len(), chunk_lines);
     let expired = rec.expired(now()) && (committed.len() as u64) < chunks;
+    // A batch cancelled before it started ran nothing and refused nothing yet.
+    let started = rec.counts().total > 0;
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let (mut completed, mut failed) = (0u64, 0u64);
     let mut put = |ok: bool, line: &[u8]| {
@@ -369,9 +361,9 @@ fn finalize(b: &Batches, input: &Input, chunk_lines: u64, token: &str) -> Result
         }
         for p in chunk_of(input, n, chunk_lines) {
             match p {
-                Parsed::Refused(r) => put(false, &line::refused_line(r).line),
+                Parsed::Refused(r) if started => put(false, &line::refused_line(r).line),
                 Parsed::Run(l) if expired => put(false, &line::expired_line(l).line),
-                Parsed::Run(_) => {}
+                Parsed::Refused(_) | Parsed::Run(_) => {}
             }
         }
     }
