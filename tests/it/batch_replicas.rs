@@ -74,3 +74,45 @@ async fn two_replicas_share_a_batch_and_one_survives_a_kill_9() {
     b.kill().unwrap();
     b.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_cancelled_on_one_replica_stops_on_both() {
+    let Some(redis) = redis().await else { return };
+    let s = sim_with(SimConfig::new(SimKind::Vllm, vec!["m".into()]).speed(1.0)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let t = replica(&s.url(), dir.path(), &redis.url(), 0);
+    let a = TestGateway::start_healthy(&t).await;
+    let b = TestGateway::start_healthy(&t).await;
+    let (on_a, on_b) = (
+        Api {
+            base: a.url(""),
+            key: None,
+        },
+        Api {
+            base: b.url(""),
+            key: None,
+        },
+    );
+    let n = 200;
+    let id = on_a.submit(&many_lines(n)).await;
+    on_a.completed_at_least(&id, 4).await;
+    let r = on_b
+        .req(reqwest::Method::POST, &format!("/v1/batches/{id}/cancel"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let cancelling: Value = r.json().await.unwrap();
+    assert_eq!(cancelling["status"], "cancelling");
+    let done = on_a.finished(&id, Duration::from_secs(30)).await;
+    assert_eq!(done["status"], "cancelled", "{done}");
+    let counts = &done["request_counts"];
+    let ran = counts["completed"].as_u64().unwrap();
+    assert!(ran < n as u64, "{done}");
+    // The output holds what the counts say, each line once, on either replica.
+    let out = on_b.lines_by_id(&done["output_file_id"]).await;
+    assert_eq!(out.len() as u64, ran);
+    assert_eq!(on_b.get(&format!("/v1/batches/{id}")).await.1, done);
+    a.stop().await;
+    b.stop().await;
+}
