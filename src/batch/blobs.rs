@@ -2,7 +2,8 @@
 //! name, synced, then renamed into place.
 //!
 //! Invariants: a file under its id is complete (a crash leaves at most a `.tmp` file, removed
-//! at the next start); ids are checked to be plain names before they touch a path.
+//! at the next start; in a folder other replicas write too, only once it is an hour old);
+//! ids are checked to be plain names before they touch a path.
 
 use std::fs;
 use std::io::Write;
@@ -25,13 +26,23 @@ fn plain(id: &str) -> bool {
 }
 
 impl Blobs {
-    /// The folder, created when missing; leftovers of an interrupted write removed.
-    pub fn open(dir: &Path) -> Result<Blobs, BatchError> {
+    /// The folder, created when missing; leftovers of an interrupted write removed (`shared`:
+    /// those an hour old, a younger one may be another replica's write in progress).
+    pub fn open(dir: &Path, shared: bool) -> Result<Blobs, BatchError> {
         let dir = dir.join("files");
         fs::create_dir_all(&dir)?;
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
         for entry in fs::read_dir(&dir)? {
-            let path = entry?.path();
-            if path.extension().is_some_and(|e| e == "tmp") {
+            let entry = entry?;
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "tmp") {
+                continue;
+            }
+            let young = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t > old);
+            if !(shared && young) {
                 let _ = fs::remove_file(&path);
             }
         }
@@ -52,7 +63,11 @@ impl Blobs {
         parts: impl IntoIterator<Item = &'a [u8]>,
     ) -> Result<u64, BatchError> {
         let path = self.path(id)?;
-        let tmp = path.with_extension("tmp");
+        // A name of its own: two replicas may write the same id (an upload is never written
+        // twice, but a tmp name must not be shared with anyone).
+        let tmp = self
+            .dir
+            .join(format!(".{id}.{}.tmp", super::shared::token()));
         let mut f = std::io::BufWriter::new(fs::File::create(&tmp)?);
         let mut n = 0u64;
         for p in parts {
@@ -91,7 +106,7 @@ mod tests {
     #[test]
     fn written_whole_and_paths_stay_inside() {
         let dir = tempfile::tempdir().unwrap();
-        let b = Blobs::open(dir.path()).unwrap();
+        let b = Blobs::open(dir.path(), false).unwrap();
         assert_eq!(b.write("file-1", [&b"ab"[..], b"c"]).unwrap(), 3);
         assert_eq!(b.read("file-1").unwrap(), b"abc");
         for bad in ["../x", "a/b", "", ".."] {

@@ -139,11 +139,16 @@ fn line(index: u64, raw: &[u8], endpoint: &str, seen: &mut HashSet<String>) -> P
             "Each line needs a `body` object.".into(),
         );
     };
-    let peek: Option<Peek> = serde_json::from_str(body.get()).ok();
-    if peek
-        .as_ref()
-        .is_some_and(|p| p.stream == Some(serde_json::Value::Bool(true)))
-    {
+    // The body is one JSON object, so the only way to fail here is a repeated `model` or
+    // `stream`: which one counts would be a guess (the request path refuses it too).
+    let Ok(peek) = serde_json::from_str::<Peek>(body.get()) else {
+        return refuse(
+            id,
+            "invalid_value",
+            "The `body` of a line names `model` or `stream` more than once.".into(),
+        );
+    };
+    if peek.stream == Some(serde_json::Value::Bool(true)) {
         return refuse(
             id,
             "invalid_value",
@@ -157,10 +162,10 @@ fn line(index: u64, raw: &[u8], endpoint: &str, seen: &mut HashSet<String>) -> P
             format!("The custom_id `{custom_id}` is used by an earlier line of this file."),
         );
     }
-    let model = peek.and_then(|p| match p.model {
+    let model = match peek.model {
         Some(serde_json::Value::String(m)) => Some(m),
         _ => None,
-    });
+    };
     Parsed::Run(Line {
         index,
         custom_id,
@@ -205,6 +210,8 @@ mod tests {
             r#"{"custom_id":"e","method":"POST","url":"/v1/chat/completions","body":{"stream":true}}"#,
             "\n",
             r#"{"custom_id":"f","method":"post","url":"/v1/chat/completions","body":{"model":7}}"#,
+            "\n",
+            r#"{"custom_id":"g","method":"POST","url":"/v1/chat/completions","body":{"stream":true,"stream":false}}"#,
         );
         assert_eq!(
             codes(file),
@@ -218,6 +225,7 @@ mod tests {
                 Err("missing_required_parameter"),
                 Err("invalid_value"),
                 Ok("f".to_string()),
+                Err("invalid_value"),
             ]
         );
         let parsed = parse(file.as_bytes(), EP);
@@ -225,7 +233,7 @@ mod tests {
         let Parsed::Run(a) = &parsed[0] else { panic!() };
         assert_eq!(a.model.as_deref(), Some("m"));
         assert_eq!(&a.body[..], br#"{"model":"m","messages":[]}"#);
-        assert_eq!(count(file.as_bytes()), 9);
+        assert_eq!(count(file.as_bytes()), 10);
     }
 
     #[test]

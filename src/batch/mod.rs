@@ -9,9 +9,12 @@
 //!           error files ─► completed (or cancelled, expired)
 //! ```
 //!
-//! Owned here: the job state in an embedded database ([`store`]), file contents on disk
+//! Owned here: the job state in an embedded database ([`store`]) or, with `[batch] shared`,
+//! on the folder several replicas mount ([`shared`], which also shares the work out through
+//! Redis leases on chunks of lines), behind one API ([`jobs`]); file contents on disk
 //! ([`blobs`]), the input line format ([`input`]), the records and their states ([`record`]),
-//! the HTTP handlers ([`http`]) and the runner ([`runner`]).
+//! one line's run ([`line`]), the HTTP handlers ([`http`]) and the runners ([`runner`], and
+//! [`shared::runner`] for shared batches).
 //!
 //! Invariants:
 //! - Uploaded files, batches and every line's result are durable before they are
@@ -30,8 +33,11 @@ mod blobs;
 pub mod headroom;
 pub mod http;
 pub mod input;
+pub mod jobs;
+mod line;
 pub mod record;
 mod runner;
+pub mod shared;
 pub mod store;
 
 use std::sync::Arc;
@@ -39,8 +45,8 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::config::BatchConfig;
-
-pub use runner::run;
+use crate::gateway::Gateway;
+use jobs::Jobs;
 
 /// What can go wrong below the HTTP handlers.
 #[derive(Debug, Error)]
@@ -55,34 +61,67 @@ pub enum BatchError {
     NotFound,
     #[error("a blocking task failed: {0}")]
     Task(String),
+    #[error("the job state is kept {0}")]
+    Mode(&'static str),
+    #[error("chunk leases: {0}")]
+    Lease(#[from] shared::lease::LeaseError),
 }
 
 /// The Files and Batches service of one `[batch] dir`: shared by the HTTP handlers and the
 /// runner.
 pub struct Batches {
     config: BatchConfig,
-    store: store::Store,
+    jobs: Jobs,
     blobs: blobs::Blobs,
+    /// This process's name in shared leases and files.
+    token: String,
     /// Wakes the runner: a batch was created or cancelled.
     wake: tokio::sync::Notify,
 }
 
 impl Batches {
-    /// Open `[batch] dir` (created when missing): its database and its files.
+    /// Open `[batch] dir` (created when missing): its database (or shared folder) and its
+    /// files.
     pub fn open(config: &BatchConfig) -> Result<Arc<Batches>, BatchError> {
         std::fs::create_dir_all(&config.dir)?;
-        let store = store::Store::open(&config.dir.join("state.redb"))?;
-        let blobs = blobs::Blobs::open(&config.dir)?;
+        let jobs = if config.shared {
+            Jobs::Shared(shared::Folder::open(&config.dir)?)
+        } else {
+            Jobs::Local(store::Store::open(&config.dir.join("state.redb"))?)
+        };
+        // Other replicas may be writing files in a shared folder: only old leftovers go.
+        let blobs = blobs::Blobs::open(&config.dir, config.shared)?;
         Ok(Arc::new(Batches {
             config: config.clone(),
-            store,
+            jobs,
             blobs,
+            token: shared::token(),
             wake: tokio::sync::Notify::new(),
         }))
     }
 
     pub fn config(&self) -> &BatchConfig {
         &self.config
+    }
+
+    fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The one replica's database.
+    fn local(&self) -> Result<&store::Store, BatchError> {
+        match &self.jobs {
+            Jobs::Local(s) => Ok(s),
+            Jobs::Shared(_) => Err(BatchError::Mode("on a shared folder")),
+        }
+    }
+
+    /// The shared folder's job state.
+    fn folder(&self) -> Result<&shared::Folder, BatchError> {
+        match &self.jobs {
+            Jobs::Shared(f) => Ok(f),
+            Jobs::Local(_) => Err(BatchError::Mode("in one replica's database")),
+        }
     }
 
     /// Run `f` on the blocking pool (the store and the blobs wait on the disk).
@@ -94,5 +133,18 @@ impl Batches {
         tokio::task::spawn_blocking(move || f(&this))
             .await
             .map_err(|e| BatchError::Task(e.to_string()))?
+    }
+}
+
+/// Run the batches of `b` until `stop` turns true: the one replica's runner, or with
+/// `[batch] shared` the runner that shares the work through the Redis of `[limits]`.
+pub async fn run(b: Arc<Batches>, gw: Arc<Gateway>, stop: tokio::sync::watch::Receiver<bool>) {
+    if !b.config.shared {
+        return runner::run(b, gw, stop).await;
+    }
+    let url = gw.runtime().config.redis_url.clone().unwrap_or_default();
+    match shared::lease::Leases::new(&url, b.token.clone(), b.config.lease) {
+        Ok(leases) => shared::runner::run(b, gw, Arc::new(leases), stop).await,
+        Err(e) => tracing::error!(error = %e, "shared batches cannot run: no Redis"),
     }
 }

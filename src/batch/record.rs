@@ -231,20 +231,20 @@ impl BatchRecord {
     }
 
     /// Validation passed: `total` lines to account for.
-    pub fn start(&mut self, total: u64, model: Option<String>) {
+    pub fn start(&mut self, total: u64, model: Option<String>, at: i64) {
         if self.status == Status::Validating {
             self.status = Status::InProgress;
-            self.stamps.in_progress_at = Some(now());
+            self.stamps.in_progress_at = Some(at);
             self.counts.total = total;
             self.model = model;
         }
     }
 
     /// Validation failed as a whole.
-    pub fn fail(&mut self, failures: Vec<BatchFailure>) {
+    pub fn fail(&mut self, failures: Vec<BatchFailure>, at: i64) {
         if !self.status.finished() {
             self.status = Status::Failed;
-            self.stamps.failed_at = Some(now());
+            self.stamps.failed_at = Some(at);
             self.failures = failures;
         }
     }
@@ -259,11 +259,11 @@ impl BatchRecord {
     }
 
     /// Asked to stop: `false` when it is finished already (nothing to cancel).
-    pub fn cancel(&mut self) -> bool {
+    pub fn cancel(&mut self, at: i64) -> bool {
         match self.status {
             Status::Validating | Status::InProgress => {
                 self.status = Status::Cancelling;
-                self.stamps.cancelling_at = Some(now());
+                self.stamps.cancelling_at = Some(at);
                 true
             }
             Status::Cancelling | Status::Finalizing => true,
@@ -272,11 +272,17 @@ impl BatchRecord {
     }
 
     /// Every line has its result: the output files are being written.
-    pub fn finalize(&mut self) {
+    pub fn finalize(&mut self, at: i64) {
         if self.status == Status::InProgress {
             self.status = Status::Finalizing;
-            self.stamps.finalizing_at = Some(now());
+            self.stamps.finalizing_at = Some(at);
         }
+    }
+
+    /// The counts as summed elsewhere (shared mode: from the committed chunks of lines).
+    pub fn set_counts(&mut self, completed: u64, failed: u64) {
+        self.counts.completed = completed;
+        self.counts.failed = failed;
     }
 
     /// The output files are written: the batch ends as it was heading (`cancelled`,
@@ -345,16 +351,16 @@ mod tests {
     fn a_batch_moves_forward_only() {
         let mut b = BatchRecord::new("t", "k", "file-1", "/v1/chat/completions", None);
         assert_eq!(b.status(), Status::Validating);
-        b.start(2, Some("m".into()));
+        b.start(2, Some("m".into()), now());
         assert_eq!(b.status(), Status::InProgress);
         b.count(true);
         b.count(false);
-        b.finalize();
+        b.finalize(now());
         assert_eq!(b.status(), Status::Finalizing);
         b.finish(Some("file-o".into()), Some("file-e".into()), now(), false);
         assert_eq!(b.status(), Status::Completed);
-        assert!(!b.cancel(), "a completed batch cannot be cancelled");
-        b.fail(vec![]);
+        assert!(!b.cancel(now()), "a completed batch cannot be cancelled");
+        b.fail(vec![], now());
         assert_eq!(b.status(), Status::Completed);
         let w = b.wire();
         assert_eq!(
@@ -368,15 +374,15 @@ mod tests {
     #[test]
     fn cancelling_ends_cancelled_and_expiry_ends_expired() {
         let mut b = BatchRecord::new("t", "k", "f", "/v1/embeddings", None);
-        b.start(3, None);
-        assert!(b.cancel());
+        b.start(3, None, now());
+        assert!(b.cancel(now()));
         assert_eq!(b.wire()["status"], "cancelling");
         b.finish(None, None, now(), false);
         assert_eq!(b.status(), Status::Cancelled);
         let mut b = BatchRecord::new("t", "k", "f", "/v1/embeddings", None);
-        b.start(3, None);
+        b.start(3, None, now());
         b.count(true);
-        b.finalize();
+        b.finalize(now());
         assert!(b.expired(now() + WINDOW_SECONDS));
         b.finish(None, None, now() + WINDOW_SECONDS + 1, true);
         assert_eq!(b.status(), Status::Expired);

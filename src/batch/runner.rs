@@ -14,31 +14,20 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use http::{header, Request, StatusCode};
-use http_body_util::{BodyExt, Limited};
-use serde_json::{json, Value};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::input::{self, Line, Parsed, Refused};
-use super::record::{new_id, now, BatchFailure, BatchRecord, FileMeta, Status};
+use super::input::{Line, Parsed};
+use super::line::{self, JobRef, Ran, MAX_HOLD};
+use super::record::{now, BatchRecord, FileMeta, Status};
 use super::store::LineResult;
 use super::{BatchError, Batches};
-use crate::api::ClientApi;
-use crate::auth::ActingAs;
 use crate::gateway::Gateway;
 use crate::telemetry::metrics as m;
 
 /// How often waiting lines look for room again.
 const TICK: Duration = Duration::from_millis(20);
-/// Largest answer body kept for one line.
-const MAX_ANSWER: usize = 64 * 1024 * 1024;
-/// How long a batch waits after a 503 that named no `Retry-After`.
-const DEFAULT_HOLD: Duration = Duration::from_millis(500);
-/// Longest wait after a refusal (a budget's `Retry-After` can be a month).
-const MAX_HOLD: Duration = Duration::from_secs(60);
 
 /// A batch being run.
 struct Job {
@@ -51,39 +40,11 @@ struct Job {
     record: BatchRecord,
 }
 
-/// What a line's task needs of its batch.
-struct JobRef {
-    id: String,
-    endpoint: String,
-    api: &'static dyn ClientApi,
-    key: String,
-}
-
-/// How a line's run ended.
-enum Ran {
-    Recorded,
-    /// Put back: run it again after `after`.
-    Deferred {
-        line: Line,
-        after: Duration,
-    },
-}
-
-fn api_of(endpoint: &str) -> Option<&'static dyn ClientApi> {
-    Some(match endpoint {
-        "/v1/chat/completions" => crate::api::CHAT,
-        "/v1/completions" => crate::api::COMPLETIONS,
-        "/v1/embeddings" => crate::api::EMBEDDINGS,
-        "/v1/responses" => crate::api::RESPONSES,
-        _ => return None,
-    })
-}
-
 /// Run batches until `stop` turns true; lines in flight then are dropped (they run again at
 /// the next start).
 pub async fn run(b: Arc<Batches>, gw: Arc<Gateway>, mut stop: watch::Receiver<bool>) {
     let mut jobs: HashMap<String, Job> = HashMap::new();
-    let mut tasks: JoinSet<(String, Ran)> = JoinSet::new();
+    let mut tasks: JoinSet<(String, Option<(Line, Duration)>)> = JoinSet::new();
     let mut sync = true;
     loop {
         if sync {
@@ -115,7 +76,10 @@ fn publish(jobs: &HashMap<String, Job>) {
 }
 
 /// A line's task ended.
-fn settle(jobs: &mut HashMap<String, Job>, done: Result<(String, Ran), tokio::task::JoinError>) {
+fn settle(
+    jobs: &mut HashMap<String, Job>,
+    done: Result<(String, Option<(Line, Duration)>), tokio::task::JoinError>,
+) {
     let Ok((id, ran)) = done else {
         return; // (a panicked line has no result: it runs again at the next start)
     };
@@ -123,7 +87,7 @@ fn settle(jobs: &mut HashMap<String, Job>, done: Result<(String, Ran), tokio::ta
         return;
     };
     job.running = job.running.saturating_sub(1);
-    if let Ran::Deferred { line, after } = ran {
+    if let Some((line, after)) = ran {
         if !job.cancelling {
             job.pending.push_front(line);
             let until = Instant::now() + after.min(MAX_HOLD);
@@ -134,7 +98,7 @@ fn settle(jobs: &mut HashMap<String, Job>, done: Result<(String, Ran), tokio::ta
 
 /// Read the batches from the store: new ones validated and loaded, cancelled ones stopped.
 async fn refresh(b: &Arc<Batches>, jobs: &mut HashMap<String, Job>) -> Result<(), BatchError> {
-    let records = b.blocking(|b| b.store.batches()).await?;
+    let records = b.blocking(|b| b.local()?.batches()).await?;
     for rec in records {
         if rec.status().finished() {
             jobs.remove(rec.id());
@@ -162,69 +126,37 @@ async fn refresh(b: &Arc<Batches>, jobs: &mut HashMap<String, Job>) -> Result<()
 /// A batch's job: its input read, refused lines recorded and the batch started when it was
 /// validating, the lines that have no result yet pending. `None`: it failed validation.
 fn load(b: &Batches, rec: &BatchRecord) -> Result<Option<Job>, BatchError> {
-    let fail = |code: &str, message: String| {
-        let failure = BatchFailure {
-            code: code.into(),
-            message,
-            param: Some("input_file_id".into()),
-            line: None,
-        };
-        b.store.update_batch(rec.id(), |r| r.fail(vec![failure]))?;
-        Ok(None)
-    };
-    let Some(api) = api_of(rec.endpoint()) else {
-        return fail(
-            "invalid_value",
-            format!("Unknown endpoint {}.", rec.endpoint()),
-        );
-    };
-    let file = match b.blobs.read(rec.input_file_id()) {
-        Ok(f) => f,
-        Err(BatchError::NotFound) => {
-            return fail("invalid_file", "The input file no longer exists.".into())
+    let store = b.local()?;
+    let input = match line::read_input(b, rec)? {
+        Ok(i) => i,
+        Err(failure) => {
+            store.update_batch(rec.id(), |r| r.fail(vec![failure], now()))?;
+            return Ok(None);
         }
-        Err(e) => return Err(e),
     };
-    let total = input::count(&file);
-    if total == 0 {
-        return fail("empty_file", "The input file has no request lines.".into());
-    }
-    if total > b.config.max_lines {
-        return fail(
-            "too_many_requests",
-            format!(
-                "The input file has {total} request lines; a batch holds at most {}.",
-                b.config.max_lines
-            ),
-        );
-    }
-    let parsed = input::parse(&file, rec.endpoint());
-    let refused: Vec<LineResult> = parsed
+    let refused: Vec<LineResult> = input
+        .parsed
         .iter()
         .filter_map(|p| match p {
-            Parsed::Refused(r) => Some(refused_line(r)),
+            Parsed::Refused(r) => Some(line::refused_line(r)),
             Parsed::Run(_) => None,
         })
         .collect();
-    let model = parsed.iter().find_map(|p| match p {
-        Parsed::Run(l) => l.model.clone(),
-        Parsed::Refused(_) => None,
-    });
+    let total = input.parsed.len() as u64;
     let rec = match rec.status() {
         Status::Validating => {
-            let started = b
-                .store
-                .record_lines(rec.id(), &refused, |r| r.start(total as u64, model))?;
-            match started {
+            let model = input.model.clone();
+            match store.record_lines(rec.id(), &refused, |r| r.start(total, model, now()))? {
                 Some(r) => r,
                 None => return Ok(None),
             }
         }
         _ => rec.clone(),
     };
-    let done = b.store.done_lines(rec.id())?;
+    let done = store.done_lines(rec.id())?;
     let cancelling = rec.status() == Status::Cancelling;
-    let pending = parsed
+    let pending = input
+        .parsed
         .into_iter()
         .filter_map(|p| match p {
             Parsed::Run(l) if !cancelling && !done.contains(&l.index) => Some(l),
@@ -232,12 +164,7 @@ fn load(b: &Batches, rec: &BatchRecord) -> Result<Option<Job>, BatchError> {
         })
         .collect();
     Ok(Some(Job {
-        shared: Arc::new(JobRef {
-            id: rec.id().to_string(),
-            endpoint: rec.endpoint().to_string(),
-            api,
-            key: rec.key().to_string(),
-        }),
+        shared: Arc::new(input.job),
         pending,
         running: 0,
         held_until: None,
@@ -246,27 +173,12 @@ fn load(b: &Batches, rec: &BatchRecord) -> Result<Option<Job>, BatchError> {
     }))
 }
 
-/// A refused line as OpenAI writes it to the error file.
-fn refused_line(r: &Refused) -> LineResult {
-    let line = json!({
-        "id": new_id("batch_req_"),
-        "custom_id": r.custom_id,
-        "response": null,
-        "error": {"code": r.code, "message": r.message},
-    });
-    LineResult {
-        index: r.index,
-        ok: false,
-        line: line.to_string().into_bytes(),
-    }
-}
-
 /// Start lines while there is room: one per batch in turn, each only while its model has room.
 fn dispatch(
     b: &Arc<Batches>,
     gw: &Arc<Gateway>,
     jobs: &mut HashMap<String, Job>,
-    tasks: &mut JoinSet<(String, Ran)>,
+    tasks: &mut JoinSet<(String, Option<(Line, Duration)>)>,
 ) {
     let now = Instant::now();
     let max = b.config.max_in_flight;
@@ -302,79 +214,32 @@ fn dispatch(
     }
 }
 
-/// Run one line through the request path as the batch's key and record its result.
-async fn run_line(b: &Arc<Batches>, gw: Arc<Gateway>, job: &JobRef, line: Line) -> Ran {
-    let request_id = new_id("batch_req_");
-    let req = Request::post(job.endpoint.as_str())
-        .header(header::CONTENT_TYPE, "application/json")
-        .header("x-request-id", request_id.as_str())
-        .extension(ActingAs::key(&job.key))
-        .body(Body::from(line.body.clone()));
-    let Ok(req) = req else {
-        return Ran::Deferred {
-            line,
-            after: MAX_HOLD,
-        };
+/// Run one line and record its result: `Some` when it was put back.
+async fn run_line(
+    b: &Arc<Batches>,
+    gw: Arc<Gateway>,
+    job: &JobRef,
+    line: Line,
+) -> Option<(Line, Duration)> {
+    let result = match line::execute(gw, job, line.clone()).await {
+        Ran::Done(r) => r,
+        Ran::Deferred { line, after } => return Some((line, after)),
     };
-    let resp = crate::proxy::handle(gw, job.api, req).await;
-    let status = resp.status();
-    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-        let after = retry_after(resp.headers()).unwrap_or(DEFAULT_HOLD);
-        let reason = if status == StatusCode::TOO_MANY_REQUESTS {
-            "limits"
-        } else {
-            "capacity"
-        };
-        metrics::counter!(m::BATCH_LINES_DEFERRED_TOTAL, "reason" => reason).increment(1);
-        return Ran::Deferred { line, after };
-    }
-    let body = match Limited::new(resp.into_body(), MAX_ANSWER).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(_) => {
-            return Ran::Deferred {
-                line,
-                after: DEFAULT_HOLD,
-            }
-        }
-    };
-    let body: Value = serde_json::from_slice(&body)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
-    let ok = status.is_success();
-    let out = json!({
-        "id": request_id,
-        "custom_id": line.custom_id,
-        "response": {"status_code": status.as_u16(), "request_id": request_id, "body": body},
-        "error": null,
-    });
-    let result = LineResult {
-        index: line.index,
-        ok,
-        line: out.to_string().into_bytes(),
-    };
+    let ok = result.ok;
     let id = job.id.clone();
     match b
-        .blocking(move |b| b.store.record_lines(&id, &[result], |_| {}))
+        .blocking(move |b| b.local()?.record_lines(&id, &[result], |_| {}))
         .await
     {
         Ok(_) => {
-            let outcome = if ok { "completed" } else { "failed" };
-            metrics::counter!(m::BATCH_LINES_TOTAL, "outcome" => outcome).increment(1);
-            Ran::Recorded
+            line::count_recorded(ok);
+            None
         }
         Err(e) => {
             tracing::error!(batch = %job.id, error = %e, "cannot record a batch line");
-            Ran::Deferred {
-                line,
-                after: MAX_HOLD,
-            }
+            Some((line, MAX_HOLD))
         }
     }
-}
-
-/// `Retry-After` in whole seconds.
-fn retry_after(h: &http::HeaderMap) -> Option<Duration> {
-    let s = h.get(header::RETRY_AFTER)?.to_str().ok()?;
-    s.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
 /// Finalize the batches that have nothing left to run: expired ones first give their
@@ -409,26 +274,17 @@ async fn finish_done(b: &Arc<Batches>, jobs: &mut HashMap<String, Job>) {
 
 /// Write a batch's output and error files from its recorded lines and finish it.
 fn finalize(b: &Batches, id: &str, unrun: &[Line]) -> Result<(), BatchError> {
-    let expired: Vec<LineResult> = unrun
-        .iter()
-        .map(|l| {
-            refused_line(&Refused {
-                index: l.index,
-                custom_id: Some(l.custom_id.clone()),
-                code: "batch_expired",
-                message: "This line was not run before the batch expired.".into(),
-            })
-        })
-        .collect();
-    b.store.record_lines(id, &expired, BatchRecord::finalize)?;
+    let store = b.local()?;
+    let expired: Vec<LineResult> = unrun.iter().map(line::expired_line).collect();
+    store.record_lines(id, &expired, |r| r.finalize(now()))?;
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    b.store.each_line(id, |r| {
+    store.each_line(id, |r| {
         let to = if r.ok { &mut out } else { &mut err };
         to.extend_from_slice(&r.line);
         to.push(b'\n');
         Ok(())
     })?;
-    let Some(rec) = b.store.batch(id)? else {
+    let Some(rec) = store.batch(id)? else {
         return Ok(());
     };
     let suffix = id.strip_prefix("batch_").unwrap_or(id);
@@ -455,7 +311,7 @@ fn finalize(b: &Batches, id: &str, unrun: &[Line]) -> Result<(), BatchError> {
         .collect();
     let metas: Vec<FileMeta> = files.into_iter().flatten().collect();
     let at = now();
-    b.store.finish(id, &metas, |r| {
+    store.finish(id, &metas, |r| {
         r.finish(ids[0].clone(), ids[1].clone(), at, !unrun.is_empty());
     })?;
     Ok(())

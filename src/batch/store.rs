@@ -23,6 +23,9 @@ const BATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("batches");
 /// `e` (error file).
 const LINES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("lines");
 
+/// How long [`Store::open`] waits for another holder of the database to let it go.
+const OPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A line's recorded result.
 pub struct LineResult {
     pub index: u64,
@@ -67,9 +70,22 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, BatchError> {
 }
 
 impl Store {
-    /// Open (or create) the database at `path`, with its tables.
+    /// Open (or create) the database at `path`, with its tables. redb locks the file for one
+    /// process; a gateway that is still shutting down (the previous one in this process, or a
+    /// process still exiting) holds it a little longer, so a locked file is tried again for
+    /// up to [`OPEN_WAIT`].
     pub fn open(path: &Path) -> Result<Store, BatchError> {
-        let db = Database::create(path).map_err(redb::Error::from)?;
+        let deadline = std::time::Instant::now() + OPEN_WAIT;
+        let db = loop {
+            match Database::create(path) {
+                Err(redb::DatabaseError::DatabaseAlreadyOpen)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => break other.map_err(redb::Error::from)?,
+            }
+        };
         let txn = db.begin_write().map_err(redb::Error::from)?;
         {
             txn.open_table(FILES).map_err(redb::Error::from)?;
@@ -291,7 +307,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(&dir.path().join("state.redb")).unwrap();
         let mut b = BatchRecord::new("t", "k", "file-1", "/v1/completions", None);
-        b.start(3, None);
+        b.start(3, None, super::super::record::now());
         s.put_batch(&b).unwrap();
         let id = b.id().to_string();
         s.record_lines(&id, &[line(2, true)], |_| {}).unwrap();

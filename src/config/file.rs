@@ -86,6 +86,14 @@ pub struct BatchSection {
     pub max_lines: Option<u64>,
     /// Batch lines in flight at once over all batches (default 4).
     pub max_in_flight: Option<u64>,
+    /// Several replicas share `dir` and the work of each batch, through the Redis of
+    /// `[limits] redis_url` (default false: one replica owns `dir`).
+    pub shared: Option<bool>,
+    /// Shared: the lines of one chunk, the unit a replica leases and commits (default 100).
+    pub chunk_lines: Option<u64>,
+    /// Shared: how long a chunk's lease outlives a replica that stopped renewing it
+    /// (default "30s"; renewed every third of it).
+    pub lease: Option<String>,
 }
 
 /// `[tracing]`: OpenTelemetry spans exported over OTLP. Each key left out is taken from the

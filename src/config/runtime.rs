@@ -82,6 +82,12 @@ pub struct BatchConfig {
     pub max_lines: usize,
     /// Batch lines in flight at once, over all batches.
     pub max_in_flight: usize,
+    /// Replicas share `dir` and the batches' work through Redis (`[limits] redis_url`).
+    pub shared: bool,
+    /// Shared: the lines of one leased chunk.
+    pub chunk_lines: usize,
+    /// Shared: a chunk lease's lifetime without renewal.
+    pub lease: std::time::Duration,
 }
 
 /// `[tls]`, checked: the files existed and parsed when the config was validated.

@@ -99,7 +99,28 @@ struct Scraped {
     /// Per client API (`endpoint` label): requests, errors (4xx and 5xx), prompt and
     /// completion tokens.
     by_endpoint: BTreeMap<String, [f64; 4]>,
+    /// The batch runner's lines (`[batch]`): by metric name, summed over labels.
+    batch: BTreeMap<String, f64>,
 }
+
+/// The summary's `batch` object: this replica's batch lines (always all present, 0 without
+/// `[batch]`).
+const BATCH_KEYS: &[&str] = &[
+    "lines_queued",
+    "lines_running",
+    "lines_completed",
+    "lines_failed",
+    "lines_deferred",
+    "line_seconds",
+    "batches_created",
+];
+
+/// Batch gauges and counters read as they are, and their names in the summary.
+const BATCH_FIELDS: &[(&str, &str)] = &[
+    (m::BATCH_LINES_QUEUED, "lines_queued"),
+    (m::BATCH_LINES_RUNNING, "lines_running"),
+    (m::BATCHES_CREATED_TOTAL, "batches_created"),
+];
 
 fn scrape(text: &str) -> Scraped {
     let bucket = format!("{}_bucket", m::TIME_TO_FIRST_TOKEN_SECONDS);
@@ -136,6 +157,8 @@ fn scrape(text: &str) -> Scraped {
             if let Some(s) = status {
                 *out.requests_by_status.entry(s).or_default() += value;
             }
+        } else if let Some(field) = batch_field(name, sample.label("outcome")) {
+            *out.batch.entry(field.to_string()).or_default() += value;
         } else if name == m::PROMPT_TOKENS_TOTAL || name == m::COMPLETION_TOKENS_TOTAL {
             if let Some(e) = label("endpoint") {
                 let col = if name == m::PROMPT_TOKENS_TOTAL { 2 } else { 3 };
@@ -144,6 +167,25 @@ fn scrape(text: &str) -> Scraped {
         }
     }
     out
+}
+
+/// The summary's name of a batch sample: lines by outcome, line seconds (the idle capacity
+/// used), deferrals, the gauges of [`BATCH_FIELDS`].
+fn batch_field(name: &str, outcome: Option<&str>) -> Option<&'static str> {
+    if name == m::BATCH_LINES_TOTAL {
+        return match outcome {
+            Some("completed") => Some("lines_completed"),
+            Some("failed") => Some("lines_failed"),
+            _ => None,
+        };
+    }
+    let sum = format!("{}_sum", m::BATCH_LINE_SECONDS);
+    let deferred = m::BATCH_LINES_DEFERRED_TOTAL;
+    match name {
+        n if n == sum => Some("line_seconds"),
+        n if n == deferred => Some("lines_deferred"),
+        n => BATCH_FIELDS.iter().find(|(m, _)| *m == n).map(|(_, f)| *f),
+    }
 }
 
 fn sorted(b: &BTreeMap<u64, (f64, f64)>) -> Buckets {
@@ -276,6 +318,15 @@ pub fn summary(gw: &Gateway) -> Value {
         );
     }
     let now_ms = crate::fleet::backend::monotonic_ms();
+    let batch = BATCH_KEYS
+        .iter()
+        .map(|f| {
+            (
+                f.to_string(),
+                json!(scraped.batch.get(*f).copied().unwrap_or(0.0)),
+            )
+        })
+        .collect::<serde_json::Map<_, _>>();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "now_ms": now_ms,
@@ -292,6 +343,7 @@ pub fn summary(gw: &Gateway) -> Value {
         "ttft_p99_seconds": quantile(0.99, &all),
         "ttft_buckets": all.iter().map(|(le, c)| json!([if le.is_finite() { json!(le) } else { json!("+Inf") }, c])).collect::<Vec<_>>(),
         "backends": backends,
+        "batch": batch,
         "tenants": tenants.into_values().collect::<Vec<_>>(),
         "usage": usage_json,
     })
@@ -317,13 +369,21 @@ mod tests {
     fn parses_prometheus_lines() {
         let t = "# TYPE x histogram\nsluice_time_to_first_token_seconds_bucket{model=\"m\",backend=\"a\",le=\"0.1\"} 3\n\
                  sluice_time_to_first_token_seconds_bucket{model=\"m\",backend=\"a\",le=\"+Inf\"} 4\n\
-                 sluice_requests_total{endpoint=\"chat\",model=\"m\",tenant=\"t\",backend=\"a\",status=\"2xx\"} 4\n";
+                 sluice_requests_total{endpoint=\"chat\",model=\"m\",tenant=\"t\",backend=\"a\",status=\"2xx\"} 4\n\
+                 sluice_batch_lines_total{outcome=\"completed\"} 7\nsluice_batch_lines_total{outcome=\"failed\"} 2\n\
+                 sluice_batch_lines_queued 3\nsluice_batch_line_seconds_sum 1.5\nsluice_batch_line_seconds_count 9\n";
         let s = scrape(t);
         let a = sorted(&s.ttft_by_backend["a"]);
         assert_eq!(a, vec![(0.1, 3.0), (f64::INFINITY, 4.0)]);
         assert_eq!(s.requests_total, 4.0);
         assert_eq!(s.requests_by_status["2xx"], 4.0);
         assert_eq!(s.by_endpoint["chat"], [4.0, 0.0, 0.0, 0.0]);
+        let b = |k: &str| s.batch.get(k).copied();
+        assert_eq!(
+            (b("lines_completed"), b("lines_failed"), b("lines_queued")),
+            (Some(7.0), Some(2.0), Some(3.0))
+        );
+        assert_eq!(b("line_seconds"), Some(1.5));
     }
 
     #[test]

@@ -29,13 +29,13 @@ fn form(purpose: &str, content: &[u8]) -> Vec<u8> {
 }
 
 /// A client of one gateway's Files and Batches APIs.
-struct Api {
-    base: String,
-    key: Option<String>,
+pub(crate) struct Api {
+    pub(crate) base: String,
+    pub(crate) key: Option<String>,
 }
 
 impl Api {
-    fn req(&self, m: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn req(&self, m: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let r = client().request(m, format!("{}{path}", self.base));
         match &self.key {
             Some(k) => r.bearer_auth(k),
@@ -43,7 +43,7 @@ impl Api {
         }
     }
 
-    async fn upload_raw(&self, purpose: &str, content: &[u8]) -> reqwest::Response {
+    pub(crate) async fn upload_raw(&self, purpose: &str, content: &[u8]) -> reqwest::Response {
         self.req(reqwest::Method::POST, "/v1/files")
             .header(
                 "content-type",
@@ -55,7 +55,7 @@ impl Api {
             .unwrap()
     }
 
-    async fn upload(&self, content: &str) -> String {
+    pub(crate) async fn upload(&self, content: &str) -> String {
         let r = self.upload_raw("batch", content.as_bytes()).await;
         assert_eq!(r.status(), 200);
         let v: Value = r.json().await.unwrap();
@@ -65,7 +65,7 @@ impl Api {
         v["id"].as_str().unwrap().to_string()
     }
 
-    async fn create(&self, file: &str, endpoint: &str) -> reqwest::Response {
+    pub(crate) async fn create(&self, file: &str, endpoint: &str) -> reqwest::Response {
         self.req(reqwest::Method::POST, "/v1/batches")
             .json(&json!({"input_file_id": file, "endpoint": endpoint,
                 "completion_window": "24h", "metadata": {"job": "test"}}))
@@ -74,12 +74,40 @@ impl Api {
             .unwrap()
     }
 
-    async fn get(&self, path: &str) -> (u16, Value) {
+    /// A `/v1/chat/completions` batch of `file`: its id.
+    pub(crate) async fn create_id(&self, file: &str) -> String {
+        let r = self.create(file, "/v1/chat/completions").await;
+        assert_eq!(r.status(), 200);
+        let b: Value = r.json().await.unwrap();
+        b["id"].as_str().unwrap().to_string()
+    }
+
+    /// Upload `content` and create a `/v1/chat/completions` batch of it: its id.
+    pub(crate) async fn submit(&self, content: &str) -> String {
+        let fid = self.upload(content).await;
+        self.create_id(&fid).await
+    }
+
+    /// Poll until batch `id` has at least `n` completed lines.
+    pub(crate) async fn completed_at_least(&self, id: &str, n: u64) {
+        let path = format!("/v1/batches/{id}");
+        poll(
+            Duration::from_secs(20),
+            format!("{n} lines done"),
+            || async {
+                let (_, b) = self.get(&path).await;
+                (b["request_counts"]["completed"].as_u64().unwrap_or(0) >= n).then_some(())
+            },
+        )
+        .await;
+    }
+
+    pub(crate) async fn get(&self, path: &str) -> (u16, Value) {
         let r = self.req(reqwest::Method::GET, path).send().await.unwrap();
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
-    async fn content(&self, file: &str) -> String {
+    pub(crate) async fn content(&self, file: &str) -> String {
         let r = self
             .req(reqwest::Method::GET, &format!("/v1/files/{file}/content"))
             .send()
@@ -90,7 +118,7 @@ impl Api {
     }
 
     /// Poll the batch until it has a finished status.
-    async fn finished(&self, id: &str, within: Duration) -> Value {
+    pub(crate) async fn finished(&self, id: &str, within: Duration) -> Value {
         let path = format!("/v1/batches/{id}");
         poll(within, format!("batch {id} finished"), || async {
             let (_, b) = self.get(&path).await;
@@ -103,7 +131,7 @@ impl Api {
     }
 
     /// The output lines by `custom_id` (each must appear once).
-    async fn lines_by_id(&self, file: &Value) -> HashMap<String, Value> {
+    pub(crate) async fn lines_by_id(&self, file: &Value) -> HashMap<String, Value> {
         let mut out = HashMap::new();
         let Some(id) = file.as_str() else {
             return out;
@@ -117,7 +145,7 @@ impl Api {
     }
 }
 
-fn chat_line(id: &str, model: &str) -> String {
+pub(crate) fn chat_line(id: &str, model: &str) -> String {
     json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions",
         "body": {"model": model, "max_tokens": 5,
             "messages": [{"role": "user", "content": format!("line {id}")}]}})
@@ -241,15 +269,7 @@ async fn files_and_batches_with_bad_input_the_rest_runs() {
         .await
         .unwrap();
     assert_eq!(r.status(), 409);
-    let id2 = api
-        .create(&fid, "/v1/chat/completions")
-        .await
-        .json::<Value>()
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id2 = api.create_id(&fid).await;
     let (_, page) = api.get("/v1/batches?limit=1").await;
     assert_eq!(
         (page["data"][0]["id"].as_str(), page["has_more"].as_bool()),
@@ -282,7 +302,7 @@ fn slow_config(sim_url: &str, dir: &std::path::Path, listen: Option<u16>) -> Str
     )
 }
 
-fn many_lines(n: usize) -> String {
+pub(crate) fn many_lines(n: usize) -> String {
     (0..n)
         .map(|i| chat_line(&format!("line-{i}"), "m"))
         .collect::<Vec<_>>()
@@ -290,7 +310,7 @@ fn many_lines(n: usize) -> String {
 }
 
 /// Every `custom_id` of `n` lines exactly once in the output, none in errors.
-async fn each_line_once(api: &Api, b: &Value, n: usize) {
+pub(crate) async fn each_line_once(api: &Api, b: &Value, n: usize) {
     assert_eq!(b["status"], "completed", "{b}");
     assert_eq!(
         b["request_counts"],
@@ -316,20 +336,9 @@ async fn a_restart_mid_batch_resumes_and_runs_each_line_once() {
         base: g.url(""),
         key: None,
     };
-    let fid = api.upload(&many_lines(n)).await;
-    let b: Value = api
-        .create(&fid, "/v1/chat/completions")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let id = b["id"].as_str().unwrap().to_string();
+    let id = api.submit(&many_lines(n)).await;
     let path = format!("/v1/batches/{id}");
-    poll(Duration::from_secs(20), "some lines done", || async {
-        let (_, b) = api.get(&path).await;
-        (b["request_counts"]["completed"].as_u64().unwrap_or(0) >= 5).then_some(())
-    })
-    .await;
+    api.completed_at_least(&id, 5).await;
     g.stop().await;
 
     let g = TestGateway::start_healthy(&t).await;
@@ -337,14 +346,43 @@ async fn a_restart_mid_batch_resumes_and_runs_each_line_once() {
         base: g.url(""),
         key: None,
     };
-    let (_, b) = api.get(&path).await;
+    let (st, b) = api.get(&path).await;
     assert!(
-        b["request_counts"]["completed"].as_u64().unwrap() >= 5,
-        "{b}"
+        b["request_counts"]["completed"]
+            .as_u64()
+            .is_some_and(|c| c >= 5),
+        "{st} {b}"
     );
     let b = api.finished(&id, Duration::from_secs(60)).await;
     each_line_once(&api, &b, n).await;
+    // The status page's data counts the lines and the fleet time they used (metrics are
+    // process-wide, so at least these).
+    let (_, s) = api.get("/admin/summary").await;
+    let batch = &s["batch"];
+    assert!(batch["lines_completed"].as_f64().unwrap() >= 25.0, "{s}");
+    assert!(batch["line_seconds"].as_f64().unwrap() > 0.0, "{s}");
+    assert!(batch["batches_created"].as_f64().unwrap() >= 1.0, "{s}");
     g.stop().await;
+}
+
+/// A real `sluice serve` of `config` listening on `port`, once it is ready.
+pub(crate) async fn serve(config: &std::path::Path, port: u16) -> std::process::Child {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    eventually(Duration::from_secs(20), "ready", || async {
+        client()
+            .get(format!("http://127.0.0.1:{port}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    child
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,52 +393,20 @@ async fn kill_9_mid_batch_then_restart_each_line_exactly_once() {
     let t = slow_config(&s.url(), &dir.path().join("jobs"), Some(port));
     let cfg = dir.path().join("sluice.toml");
     std::fs::write(&cfg, &t).unwrap();
-    let start = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--config"])
-            .arg(&cfg)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
-    };
+    let start = || serve(&cfg, port);
     let api = Api {
         base: format!("http://127.0.0.1:{port}"),
         key: None,
     };
-    let ready = || async {
-        eventually(Duration::from_secs(20), "ready", || async {
-            client()
-                .get(format!("http://127.0.0.1:{port}/readyz"))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-        })
-        .await
-    };
-    let mut child = start();
-    ready().await;
+    let mut child = start().await;
     let n = 30;
-    let fid = api.upload(&many_lines(n)).await;
-    let b: Value = api
-        .create(&fid, "/v1/chat/completions")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let id = b["id"].as_str().unwrap().to_string();
-    let path = format!("/v1/batches/{id}");
-    poll(Duration::from_secs(20), "some lines done", || async {
-        let (_, b) = api.get(&path).await;
-        (b["request_counts"]["completed"].as_u64().unwrap_or(0) >= 5).then_some(())
-    })
-    .await;
+    let id = api.submit(&many_lines(n)).await;
+    api.completed_at_least(&id, 5).await;
     // kill -9 with lines in flight
     child.kill().unwrap();
     child.wait().unwrap();
 
-    let mut child = start();
-    ready().await;
+    let mut child = start().await;
     let b = api.finished(&id, Duration::from_secs(60)).await;
     each_line_once(&api, &b, n).await;
     child.kill().unwrap();
@@ -447,19 +453,9 @@ async fn interactive_requests_keep_their_ttft_while_a_batch_runs() {
         base: g.url(""),
         key: None,
     };
-    let fid = api.upload(&many_lines(60)).await;
-    let b: Value = api
-        .create(&fid, "/v1/chat/completions")
-        .await
-        .json()
-        .await
-        .unwrap();
-    let path = format!("/v1/batches/{}", b["id"].as_str().unwrap());
-    poll(Duration::from_secs(20), "the batch running", || async {
-        let (_, b) = api.get(&path).await;
-        (b["request_counts"]["completed"].as_u64().unwrap_or(0) >= 1).then_some(())
-    })
-    .await;
+    let id = api.submit(&many_lines(60)).await;
+    let path = format!("/v1/batches/{id}");
+    api.completed_at_least(&id, 1).await;
     let mut during = Vec::new();
     for _ in 0..5 {
         during.push(ttft(&g).await);

@@ -19,6 +19,7 @@ mod api_stored;
 mod api_surface;
 mod api_translate;
 mod batch_api;
+mod batch_replicas;
 mod batch_sdk;
 mod cli;
 mod deploy_manifests;

@@ -125,6 +125,15 @@ async fn dashboard_renders_and_follows_traffic_in_chromium() {
         "{dom1}"
     );
     let before = number(&text_of(&dom1, "total-requests"));
+    // The batch runner's lines have their row (zeros here: no `[batch]`).
+    for id in [
+        "batch-queued",
+        "batch-running",
+        "batch-completed",
+        "batch-busy",
+    ] {
+        assert!(number(&text_of(&dom1, id)) >= 0.0, "{id}: {dom1}");
+    }
     assert!(text_of(&dom1, "up").ends_with("/2"), "two backends counted");
 
     for _ in 0..6 {
@@ -209,6 +218,14 @@ async fn summary_json_describes_the_fleet() {
     }
     assert!(s["requests_total"].as_f64().unwrap() >= 1.0);
     assert_eq!(s["ready"], true);
+    for field in [
+        "lines_queued",
+        "lines_running",
+        "lines_completed",
+        "line_seconds",
+    ] {
+        assert!(s["batch"][field].is_f64(), "batch.{field} missing: {s}");
+    }
     assert!(
         !s.to_string().contains("sha256:"),
         "no key hashes in the summary"

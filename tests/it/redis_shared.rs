@@ -3,61 +3,12 @@
 
 use crate::support;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use sluice::sim::{SimConfig, SimKind};
-use support::process::skip;
-use support::{backend, chat_body, client, eventually, free_port, TestGateway};
-
-struct Redis {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A fresh redis-server, or `None` (skip) when the binary is missing outside CI.
-async fn redis() -> Option<Redis> {
-    let port = free_port();
-    let spawned = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    let child = match spawned {
-        Ok(c) => c,
-        Err(e) => {
-            skip(&format!(
-                "redis-server not found ({e}); install redis-server to run this test"
-            ));
-            return None;
-        }
-    };
-    let r = Redis { child, port };
-    eventually(Duration::from_secs(10), "redis-server started", || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-    })
-    .await;
-    Some(r)
-}
+use support::redis::redis;
+use support::{backend, chat_body, client, eventually, TestGateway};
 
 async fn post(c: &reqwest::Client, url: String, key: &str) -> u16 {
     c.post(url)

@@ -8,7 +8,7 @@ use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{after_cursor, answer, caller, internal, json, limit, no_such, Ctx};
+use super::{after_cursor, answer, caller, internal, json, limit, no_such, owned, Ctx};
 use crate::batch::record::BatchRecord;
 use crate::openai::ApiError;
 
@@ -54,7 +54,7 @@ async fn create_inner(ctx: Ctx, req: Request<Body>) -> Result<Response, ApiError
     let file_id = c.input_file_id.clone();
     let file = ctx
         .batches
-        .blocking(move |b| b.store.file(&file_id))
+        .blocking(move |b| b.jobs.file(&file_id))
         .await
         .map_err(internal)?
         .filter(|f| f.tenant() == who.tenant)
@@ -76,7 +76,7 @@ async fn create_inner(ctx: Ctx, req: Request<Body>) -> Result<Response, ApiError
     );
     let saved = record.clone();
     ctx.batches
-        .blocking(move |b| b.store.put_batch(&saved))
+        .blocking(move |b| b.jobs.put_batch(&saved))
         .await
         .map_err(internal)?;
     ctx.batches.wake.notify_one();
@@ -144,7 +144,7 @@ pub async fn list(ctx: Ctx, req: Request<Body>) -> Response {
             let limit = limit(q.limit, 20, 100)?;
             let mut all = ctx
                 .batches
-                .blocking(|b| b.store.batches())
+                .blocking(|b| b.jobs.batches())
                 .await
                 .map_err(internal)?;
             all.retain(|b| b.tenant() == who.tenant);
@@ -159,26 +159,9 @@ pub async fn list(ctx: Ctx, req: Request<Body>) -> Response {
     )
 }
 
-/// The caller's batch `id`, or OpenAI's 404.
-async fn owned(ctx: &Ctx, tenant: &str, id: &str) -> Result<BatchRecord, ApiError> {
-    let key = id.to_string();
-    ctx.batches
-        .blocking(move |b| b.store.batch(&key))
-        .await
-        .map_err(internal)?
-        .filter(|b| b.tenant() == tenant)
-        .ok_or_else(|| no_such("Batch", id))
-}
-
 /// `GET /v1/batches/{id}`.
 pub async fn retrieve(ctx: Ctx, id: String, req: Request<Body>) -> Response {
-    answer(
-        async move {
-            let who = caller(&ctx.gw, req.headers())?;
-            Ok(json(&owned(&ctx, &who.tenant, &id).await?.wire()))
-        }
-        .await,
-    )
+    super::retrieve::<BatchRecord>(ctx, id, req).await
 }
 
 /// `POST /v1/batches/{id}/cancel`: `cancelling` until the lines in flight are done, then
@@ -187,18 +170,14 @@ pub async fn cancel(ctx: Ctx, id: String, req: Request<Body>) -> Response {
     answer(
         async move {
             let who = caller(&ctx.gw, req.headers())?;
-            owned(&ctx, &who.tenant, &id).await?;
+            owned::<BatchRecord>(&ctx, &who.tenant, &id).await?;
             let key = id.clone();
             let (record, ok) = ctx
                 .batches
-                .blocking(move |b| {
-                    let mut ok = false;
-                    let r = b.store.update_batch(&key, |r| ok = r.cancel())?;
-                    Ok((r, ok))
-                })
+                .blocking(move |b| b.jobs.cancel(&key))
                 .await
-                .map_err(internal)?;
-            let record = record.ok_or_else(|| no_such("Batch", &id))?;
+                .map_err(internal)?
+                .ok_or_else(|| no_such("Batch", &id))?;
             if !ok {
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,

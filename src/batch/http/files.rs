@@ -7,7 +7,7 @@ use http::{header, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde::Deserialize;
 
-use super::{after_cursor, answer, caller, internal, json, limit, no_such, page, Ctx};
+use super::{after_cursor, answer, caller, internal, json, limit, no_such, owned, page, Ctx};
 use crate::api::multipart;
 use crate::batch::record::{new_id, FileMeta};
 use crate::batch::BatchError;
@@ -79,7 +79,7 @@ async fn create_inner(ctx: Ctx, req: Request<Body>) -> Result<Response, ApiError
         .blocking(move |b| {
             let content = body.get(span).unwrap_or_default();
             b.blobs.write(&id, [content])?;
-            b.store.put_file(&saved)
+            b.jobs.put_file(&saved)
         })
         .await
         .map_err(internal)?;
@@ -154,7 +154,7 @@ async fn list_inner(ctx: Ctx, req: Request<Body>) -> Result<Response, ApiError> 
     };
     let mut files = ctx
         .batches
-        .blocking(|b| b.store.files())
+        .blocking(|b| b.jobs.files())
         .await
         .map_err(internal)?;
     files.retain(|f| {
@@ -171,27 +171,9 @@ async fn list_inner(ctx: Ctx, req: Request<Body>) -> Result<Response, ApiError> 
     )))
 }
 
-/// The caller's file `id`, or OpenAI's 404.
-async fn owned(ctx: &Ctx, tenant: &str, id: &str) -> Result<FileMeta, ApiError> {
-    let key = id.to_string();
-    let meta = ctx
-        .batches
-        .blocking(move |b| b.store.file(&key))
-        .await
-        .map_err(internal)?;
-    meta.filter(|m| m.tenant() == tenant)
-        .ok_or_else(|| no_such("File", id))
-}
-
 /// `GET /v1/files/{id}`.
 pub async fn retrieve(ctx: Ctx, id: String, req: Request<Body>) -> Response {
-    answer(
-        async move {
-            let who = caller(&ctx.gw, req.headers())?;
-            Ok(json(&owned(&ctx, &who.tenant, &id).await?.wire()))
-        }
-        .await,
-    )
+    super::retrieve::<FileMeta>(ctx, id, req).await
 }
 
 /// `GET /v1/files/{id}/content`: the bytes as uploaded or written.
@@ -199,7 +181,7 @@ pub async fn content(ctx: Ctx, id: String, req: Request<Body>) -> Response {
     answer(
         async move {
             let who = caller(&ctx.gw, req.headers())?;
-            let meta = owned(&ctx, &who.tenant, &id).await?;
+            let meta: FileMeta = owned(&ctx, &who.tenant, &id).await?;
             let key = meta.id().to_string();
             let bytes = match ctx.batches.blocking(move |b| b.blobs.read(&key)).await {
                 Ok(b) => b,
@@ -222,11 +204,11 @@ pub async fn delete(ctx: Ctx, id: String, req: Request<Body>) -> Response {
     answer(
         async move {
             let who = caller(&ctx.gw, req.headers())?;
-            let meta = owned(&ctx, &who.tenant, &id).await?;
+            let meta: FileMeta = owned(&ctx, &who.tenant, &id).await?;
             let key = meta.id().to_string();
             ctx.batches
                 .blocking(move |b| {
-                    b.store.delete_file(&key)?;
+                    b.jobs.delete_file(&key)?;
                     b.blobs.remove(&key)
                 })
                 .await

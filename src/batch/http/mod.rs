@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use http::{header, HeaderValue, StatusCode};
+use http::{header, HeaderValue, Request, StatusCode};
 use serde_json::Value;
 
+use super::record::{BatchRecord, FileMeta};
 use super::{BatchError, Batches};
 use crate::auth::Identity;
 use crate::gateway::Gateway;
@@ -96,6 +97,64 @@ fn limit(v: Option<i64>, default: usize, max: usize) -> Result<usize, ApiError> 
         ))
         .with_param("limit")),
     }
+}
+
+/// A record that belongs to a tenant, read by id: a file or a batch.
+trait Owned: Sized + Send + 'static {
+    /// Its name in OpenAI's 404 (`No such File object`).
+    const KIND: &'static str;
+    fn load(b: &Batches, id: &str) -> Result<Option<Self>, BatchError>;
+    fn tenant(&self) -> &str;
+    /// OpenAI's object.
+    fn wire(&self) -> Value;
+}
+
+impl Owned for FileMeta {
+    const KIND: &'static str = "File";
+    fn load(b: &Batches, id: &str) -> Result<Option<Self>, BatchError> {
+        b.jobs.file(id)
+    }
+    fn tenant(&self) -> &str {
+        FileMeta::tenant(self)
+    }
+    fn wire(&self) -> Value {
+        FileMeta::wire(self)
+    }
+}
+
+impl Owned for BatchRecord {
+    const KIND: &'static str = "Batch";
+    fn load(b: &Batches, id: &str) -> Result<Option<Self>, BatchError> {
+        b.jobs.batch(id)
+    }
+    fn tenant(&self) -> &str {
+        BatchRecord::tenant(self)
+    }
+    fn wire(&self) -> Value {
+        BatchRecord::wire(self)
+    }
+}
+
+/// The caller's record `id`, or OpenAI's 404 (another tenant's too, as an unknown id).
+async fn owned<T: Owned>(ctx: &Ctx, tenant: &str, id: &str) -> Result<T, ApiError> {
+    let key = id.to_string();
+    ctx.batches
+        .blocking(move |b| T::load(b, &key))
+        .await
+        .map_err(internal)?
+        .filter(|r| r.tenant() == tenant)
+        .ok_or_else(|| no_such(T::KIND, id))
+}
+
+/// `GET /v1/files/{id}`, `GET /v1/batches/{id}`: the caller's record in OpenAI's shape.
+async fn retrieve<T: Owned>(ctx: Ctx, id: String, req: Request<Body>) -> Response {
+    answer(
+        async move {
+            let who = caller(&ctx.gw, req.headers())?;
+            Ok(json(&owned::<T>(&ctx, &who.tenant, &id).await?.wire()))
+        }
+        .await,
+    )
 }
 
 /// Shared state of every handler.

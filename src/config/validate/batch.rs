@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use super::{in_range, Problems};
+use std::time::Duration;
+
+use super::{duration_at_least, in_range, Problems};
 use crate::config::file::BatchSection;
 use crate::config::runtime::{BatchConfig, PassthroughRule};
 
@@ -16,10 +18,25 @@ const DEFAULT_MAX_LINES: u64 = 50_000;
 /// The paths `[batch]` serves, which a `[[passthrough]]` rule may not take while it is on.
 const PATHS: &[&str] = &["/v1/files", "/v1/batches"];
 
-pub(super) fn batch(p: &mut Problems, b: &BatchSection, rules: &[PassthroughRule]) -> BatchConfig {
+/// How long a chunk's lease outlives a replica that stopped renewing it, by default.
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+pub(super) fn batch(
+    p: &mut Problems,
+    b: &BatchSection,
+    rules: &[PassthroughRule],
+    redis_url: Option<&str>,
+) -> BatchConfig {
     let dir = b.dir.trim();
     if dir.is_empty() {
         p.push("batch.dir", "must name a folder");
+    }
+    let shared = b.shared.unwrap_or(false);
+    if shared && redis_url.is_none() {
+        p.push(
+            "batch.shared",
+            "needs [limits] redis_url: replicas share batches through that Redis",
+        );
     }
     for r in rules {
         if let Some(path) = PATHS
@@ -52,6 +69,15 @@ pub(super) fn batch(p: &mut Problems, b: &BatchSection, rules: &[PassthroughRule
             1..=1_000_000,
         ),
         max_in_flight: in_range(p, "batch.max_in_flight", b.max_in_flight, 4, 1..=1024),
+        shared,
+        chunk_lines: in_range(p, "batch.chunk_lines", b.chunk_lines, 100, 1..=100_000),
+        lease: duration_at_least(
+            p,
+            "batch.lease",
+            &b.lease,
+            DEFAULT_LEASE,
+            Duration::from_millis(300),
+        ),
     }
 }
 
@@ -68,6 +94,22 @@ mod tests {
         assert_eq!(b.max_file_bytes, 100 * 1024 * 1024);
         assert_eq!(b.max_lines, 50_000);
         assert_eq!(b.max_in_flight, 4);
+        assert!(!b.shared);
+        assert_eq!(
+            (b.chunk_lines, b.lease),
+            (100, std::time::Duration::from_secs(30))
+        );
+        let c = from_str(
+            "[limits]\nredis_url = \"redis://127.0.0.1:1/\"\n[batch]\ndir = \"jobs\"\nshared = true\nchunk_lines = 5\nlease = \"2s\"\n",
+            "t",
+        )
+        .unwrap();
+        let b = c.batch.unwrap();
+        assert!(b.shared);
+        assert_eq!(
+            (b.chunk_lines, b.lease),
+            (5, std::time::Duration::from_secs(2))
+        );
     }
 
     #[test]
@@ -84,6 +126,18 @@ mod tests {
             ),
             ("[batch]\ndir = \"d\"\nmax_lines = 0\n", "batch.max_lines: must be between"),
             ("[batch]\ndri = \"d\"\n", "unknown field `dri`"),
+            (
+                "[batch]\ndir = \"d\"\nshared = true\n",
+                "batch.shared: needs [limits] redis_url",
+            ),
+            (
+                "[batch]\ndir = \"d\"\nchunk_lines = 0\n",
+                "batch.chunk_lines: must be between 1 and 100000",
+            ),
+            (
+                "[batch]\ndir = \"d\"\nlease = \"10ms\"\n",
+                "batch.lease: must be at least 300ms",
+            ),
             (
                 "[batch]\ndir = \"d\"\n[[passthrough]]\nprefix = \"/v1/files\"\nmodel_field = \"model\"\n",
                 "batch: serves /v1/files, which the [[passthrough]] rule `/v1/files` takes",

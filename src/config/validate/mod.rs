@@ -60,7 +60,7 @@ pub fn validate(f: FileConfig, env: &dyn Env) -> Result<Config, Vec<String>> {
     let batch = f
         .batch
         .as_ref()
-        .map(|b| batch::batch(&mut p, b, &passthrough));
+        .map(|b| batch::batch(&mut p, b, &passthrough, redis_url.as_deref()));
     let tracing = tracing::tracing(&mut p, &f.tracing, env);
     if !p.0.is_empty() {
         return Err(p.0);

@@ -13,6 +13,7 @@ pub mod otlp;
 pub mod poll;
 pub mod process;
 pub mod raw;
+pub mod redis;
 pub mod request;
 pub mod sim;
 
