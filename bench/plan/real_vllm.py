@@ -554,7 +554,15 @@ def write_plan(path, trace, profile, backends, slo_ms, timings):
         f.write(f'[workload]\ntrace = "{os.path.basename(trace)}"\n\n'
                 f'[slo]\nttft_p99 = "{slo_ms}ms"\ntpot_p99 = "10s"\nmax_queue_wait = "1h"\n\n'
                 '[search]\nmax_servers = 2\npolicy = "token-aware"\n')
-        cands = [("measured-both", backends)] + [(f"measured-{b}", [b]) for b in backends]
+        # a backend alone only where its own windows can be fitted (the fit needs 8 with
+        # traffic): token-aware routing may have sent a stalled engine almost nothing
+        with open(profile) as pf:
+            seen = {b["name"]: len((b.get("engine") or {}).get("windows") or [])
+                    for b in json.load(pf)["backends"]}
+        alone = [b for b in backends if seen.get(b, 0) >= 8]
+        for b in sorted(set(backends) - set(alone)):
+            print(f"{b}: {seen.get(b, 0)} windows in the profile, too few to plan it alone")
+        cands = [("measured-both", backends)] + [(f"measured-{b}", [b]) for b in alone]
         for name, bs in cands:
             f.write(f'\n[[candidate]]\nname = "{name}"\nprofile = "{os.path.basename(profile)}"\n'
                     f'backend = {json.dumps(bs)}\nprice_per_hour = 1.0\n')
