@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice::sim::{Fault, FaultMode, SimKind};
+use sluice::sim::{Fault, FaultMode, SimConfig, SimKind};
 
 use crate::support;
 use support::otlp::{named, one, Receiver, Span};
@@ -153,6 +153,8 @@ async fn a_client_trace_holds_sluices_phases_and_reaches_the_engine() {
     let response = one(&spans, "sluice.response");
     assert_eq!(response.parent_span_id, server.span_id);
     assert_eq!(response.attr("sluice.complete"), "true");
+    let finish = response.attr("gen_ai.response.finish_reasons");
+    assert!(["stop", "length"].contains(&finish), "{finish}");
 
     // The engine was given the attempt's context: its span joins the trace under the attempt.
     let want = format!("00-{trace}-{}-01", attempt.span_id);
@@ -181,6 +183,104 @@ async fn a_client_trace_holds_sluices_phases_and_reaches_the_engine() {
     chat(&g, &h2, false).await;
     receiver.trace(&t2, has_server).await;
     assert!(receiver.spans().iter().all(|s| s.trace_id != trace));
+}
+
+/// Whole answers of the Anthropic Messages and the Responses APIs say why they ended on their
+/// response span, read from the body the usage accounting reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_answers_carry_their_finish_reason() {
+    let receiver = Receiver::start().await;
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let g = gateway(&[("a", a.url())], &receiver.config()).await;
+    let asks = [
+        (
+            "/v1/messages",
+            json!({"model": MODEL, "max_tokens": 12,
+                "messages": [{"role": "user", "content": PROMPT}]}),
+            ["end_turn", "max_tokens"],
+        ),
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "max_output_tokens": 12, "input": PROMPT}),
+            ["completed", "incomplete"],
+        ),
+    ];
+    for (path, body, want) in asks {
+        let (trace, _, header) = client_context(true);
+        let resp = client()
+            .post(g.url(path))
+            .header("traceparent", header)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}: {}", resp.text().await.unwrap());
+        let spans = receiver.trace(&trace, has_server).await;
+        no_prompt(&spans);
+        let response = one(&spans, "sluice.response");
+        assert_eq!(response.attr("sluice.complete"), "true", "{path}");
+        let finish = response.attr("gen_ai.response.finish_reasons");
+        assert!(want.contains(&finish), "{path}: {finish}");
+        assert!(
+            response
+                .attr("gen_ai.usage.output_tokens")
+                .parse::<u64>()
+                .unwrap()
+                > 0,
+            "{path}"
+        );
+    }
+}
+
+/// A request that waits in the fair queue has a `sluice.queue` span inside its routing span,
+/// as long as the wait; one that finds a free slot has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_in_the_fair_queue_is_a_queue_span() {
+    let receiver = Receiver::start().await;
+    // speed 1: a 60-token answer takes about a second, long enough to queue behind
+    let a = sim_with(SimConfig::new(SimKind::Vllm, vec![MODEL.into()]).speed(1.0)).await;
+    let t = format!(
+        "{}{FAST_HEALTH}\n[queue]\ntimeout = \"20s\"\n{}max_concurrent = 1\n",
+        receiver.config(),
+        backend("a", "vllm", &a.url(), &[MODEL]),
+    );
+    let g = TestGateway::start_healthy(&t).await;
+    let (first_trace, _, first) = client_context(true);
+    let long = {
+        let (url, body) = (g.url("/v1/chat/completions"), chat_body(MODEL, false, 60));
+        tokio::spawn(async move {
+            let resp = client().post(url).header("traceparent", first).json(&body);
+            resp.send().await.unwrap().status().as_u16()
+        })
+    };
+    let b = g.gw.runtime().fleet.get("a").unwrap().clone();
+    eventually(Duration::from_secs(5), "the only slot taken", || {
+        let n = b.state.inflight_requests();
+        async move { n == 1 }
+    })
+    .await;
+    let (trace, _, header) = client_context(true);
+    let (status, text) = chat(&g, &header, false).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(long.await.unwrap(), 200);
+
+    let spans = receiver.trace(&trace, has_server).await;
+    let routing = one(&spans, "sluice.routing");
+    let queue = one(&spans, "sluice.queue");
+    assert_eq!(
+        queue.parent_span_id, routing.span_id,
+        "inside the routing span"
+    );
+    assert_eq!(queue.attr("sluice.queue.outcome"), "routed");
+    assert_eq!(queue.attr("sluice.queue.depth"), "1");
+    let waited: f64 = queue.attr("sluice.queue.wait_ms").parse().unwrap();
+    assert!(waited > 0.0, "{waited}");
+    assert!(queue.duration_ms() <= routing.duration_ms());
+    assert_eq!(routing.attr("sluice.backend"), "a");
+    // The first request found the slot free: it did not wait, and has no queue span.
+    let first = receiver.trace(&first_trace, has_server).await;
+    assert!(named(&first, "sluice.queue").is_empty());
+    assert_eq!(named(&first, "sluice.routing").len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@
 //! Tracing::request(headers, name)           the server span, child of the client's
 //!                                           `traceparent` when it sent one ([`RequestTrace`])
 //! RequestTrace::phase(name)                 a phase's span under it ([`Phase`]);
+//! Phase::child(name)                        a span inside a phase (the fair-queue wait);
 //! Phase::inject(headers)                    `traceparent`/`tracestate` for a backend
 //! ```
 //!

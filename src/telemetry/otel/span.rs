@@ -78,19 +78,10 @@ impl RequestTrace {
         if !self.0.recording {
             return Phase {
                 cx: self.0.cx.clone(),
-                recording: false,
+                tracer: None,
             };
         }
-        let span = self
-            .0
-            .tracer
-            .span_builder(name)
-            .with_kind(SpanKind::Internal)
-            .start_with_context(&self.0.tracer, &self.0.cx);
-        Phase {
-            cx: self.0.cx.with_span(span),
-            recording: true,
-        }
+        Phase::under(&self.0.tracer, &self.0.cx, name)
     }
 
     /// End the server span with the request's status and, for a failure, its `error.type`.
@@ -110,25 +101,45 @@ impl RequestTrace {
     }
 }
 
-/// A phase's span (admission, routing, an attempt, the stream, a continuation).
+/// A phase's span (admission, routing, the fair-queue wait, an attempt, the stream, a
+/// continuation).
 #[derive(Debug, Clone)]
 pub struct Phase {
     cx: Context,
-    /// Its own span, recorded (false: the unsampled server span's context, never ended here).
-    recording: bool,
+    /// The tracer when the span is its own and recorded (`None`: the unsampled server span's
+    /// context, never ended here).
+    tracer: Option<SdkTracer>,
 }
 
 impl Phase {
+    /// A recorded span named `name` under the span of `parent`.
+    fn under(tracer: &SdkTracer, parent: &Context, name: &'static str) -> Phase {
+        let span = tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Internal)
+            .start_with_context(tracer, parent);
+        Phase {
+            cx: parent.with_span(span),
+            tracer: Some(tracer.clone()),
+        }
+    }
+
+    /// A span under this one (`None` when this one is not recorded: nothing to nest in).
+    pub fn child(&self, name: &'static str) -> Option<Phase> {
+        let tracer = self.tracer.as_ref()?;
+        Some(Phase::under(tracer, &self.cx, name))
+    }
+
     /// Set attributes on the phase's span; `attributes` is called only when it is recorded.
     pub fn set<I: IntoIterator<Item = KeyValue>>(&self, attributes: impl FnOnce() -> I) {
-        if self.recording {
+        if self.tracer.is_some() {
             self.cx.span().set_attributes(attributes());
         }
     }
 
     /// The phase failed: `error.type` and an error status.
     pub fn fail(&self, error_type: &str) {
-        if !self.recording {
+        if self.tracer.is_none() {
             return;
         }
         let span = self.cx.span();
@@ -146,7 +157,7 @@ impl Phase {
 
     /// End the span now.
     pub fn end(&self) {
-        if self.recording {
+        if self.tracer.is_some() {
             self.cx.span().end();
         }
     }
