@@ -486,6 +486,120 @@ async fn a_passthrough_request_is_traced_to_its_backend() {
     assert_eq!(sent, vec![format!("00-{trace}-{}-01", attempt.span_id)]);
 }
 
+/// A chat request without a trace context of its own; the `traceparent` the engine was sent.
+async fn untraced_chat(g: &TestGateway, sim: &sluice::sim::SimHandle) -> String {
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 4});
+    let resp = post_json(&client(), g.url("/v1/chat/completions"), &body).await;
+    assert_eq!(resp.status(), 200);
+    received(sim).last().cloned().unwrap_or_default()
+}
+
+/// `[tracing]` follows a reload: off to on (Sluice's own traces sampled at 100%), then a
+/// ratio of 0 (its own traces unsampled, a client's sampled one still exported), then off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_turns_tracing_on_changes_its_ratio_and_turns_it_off() {
+    let receiver = Receiver::start().await;
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let toml = |tracing: &str| {
+        format!(
+            "[routing]\npolicy = \"round-robin\"\n{tracing}\n{FAST_HEALTH}{}",
+            backend("a", "vllm", &a.url(), &[MODEL])
+        )
+    };
+    let g = TestGateway::start_healthy(&toml("")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.toml");
+    let reload = |tracing: String| {
+        std::fs::write(&path, toml(&tracing)).unwrap();
+        assert!(sluice::app::reload::reload_now(&g.gw, &path), "applied");
+    };
+
+    // Off: the client's context goes to the engine untouched, nothing is exported.
+    let (off_trace, _, header) = client_context(true);
+    assert_eq!(chat(&g, &header, false).await.0, 200);
+    assert_eq!(received(&a).last(), Some(&header));
+
+    // On, every trace Sluice starts sampled.
+    reload(format!("{}sample_ratio = 1.0\n", receiver.config()));
+    let sent = untraced_chat(&g, &a).await;
+    assert!(sent.ends_with("-01"), "{sent}");
+    let on_trace = sent.split('-').nth(1).unwrap().to_string();
+    let spans = receiver.trace(&on_trace, has_server).await;
+    assert_eq!(
+        one(&spans, "sluice.attempt").attr("sluice.attempt.outcome"),
+        "answered"
+    );
+
+    // A ratio of 0: Sluice's own traces are propagated unsampled and not exported; a client's
+    // sampled trace still is (and comes after, in order, so the other's absence is seen).
+    reload(format!("{}sample_ratio = 0.0\n", receiver.config()));
+    let sent = untraced_chat(&g, &a).await;
+    assert!(sent.ends_with("-00"), "{sent}");
+    let unsampled = sent.split('-').nth(1).unwrap().to_string();
+    let (client_trace, _, header) = client_context(true);
+    assert_eq!(chat(&g, &header, false).await.0, 200);
+    receiver.trace(&client_trace, has_server).await;
+
+    // Off again: no context is made for the engine.
+    reload(String::new());
+    let (late_trace, _, header) = client_context(true);
+    assert_eq!(chat(&g, &header, false).await.0, 200);
+    assert_eq!(received(&a).last(), Some(&header));
+    let before = received(&a).len();
+    untraced_chat(&g, &a).await;
+    assert_eq!(received(&a).len(), before, "no traceparent is sent");
+
+    let spans = receiver.spans();
+    for absent in [&off_trace, &unsampled, &late_trace] {
+        assert!(
+            spans.iter().all(|s| &s.trace_id != absent),
+            "{absent} was exported"
+        );
+    }
+}
+
+/// A stream that started before a reload turned tracing off ends its spans on the provider it
+/// started with, and they are exported: the old provider is dropped only after its last span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_across_a_reload_keeps_its_trace() {
+    let receiver = Receiver::start().await;
+    let a = sim_with(
+        SimConfig::new(SimKind::Vllm, vec![MODEL.into()])
+            .speed(1.0)
+            .output_tokens(30, 30),
+    )
+    .await;
+    let toml = |tracing: &str| {
+        format!(
+            "{tracing}\n{FAST_HEALTH}{}",
+            backend("a", "vllm", &a.url(), &[MODEL])
+        )
+    };
+    let g = TestGateway::start_healthy(&toml(&receiver.config())).await;
+    let (trace, _, header) = client_context(true);
+    let mut stream = client()
+        .post(g.url("/v1/chat/completions"))
+        .header("traceparent", header)
+        .json(&chat_body(MODEL, true, 30))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert!(stream.chunk().await.unwrap().is_some(), "the first chunk");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, toml("")).unwrap();
+    assert!(sluice::app::reload::reload_now(&g.gw, &path));
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    let spans = receiver.trace(&trace, has_server).await;
+    assert_eq!(one(&spans, "sluice.stream").attr("sluice.complete"), "true");
+}
+
 /// `sluice serve` itself, killed when dropped.
 struct Served(std::process::Child);
 
