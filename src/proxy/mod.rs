@@ -115,7 +115,7 @@ fn server_span(
     headers: &HeaderMap,
     request_id: &str,
 ) -> RequestTrace {
-    let trace = otel.request(headers, format!("POST {}", api.path()));
+    let trace = otel.request(headers, || format!("POST {}", api.path()));
     trace.set(|| {
         [
             KeyValue::new("gen_ai.operation.name", operation(api.label())),

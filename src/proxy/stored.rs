@@ -75,7 +75,7 @@ pub async fn handle(
     record.client = crate::telemetry::access::client_addr(req.extensions());
     let rt = gw.runtime();
     if let Some(otel) = &rt.otel {
-        let name = format!("{} {}/{{id}}", call.method(), api.path());
+        let name = || format!("{} {}/{{id}}", call.method(), api.path());
         record.trace = Some(otel.request(req.headers(), name));
     }
     let result = forward(&gw, &rt, api, call, &id, req, &mut record).await;
