@@ -439,6 +439,80 @@ async fn spans_reach_a_grpc_collector() {
     );
 }
 
+/// A TLS terminator speaking HTTP/2 (ALPN `h2`) in front of `to`, with a certificate for
+/// `localhost` signed by a CA made here; returns its address and the CA's PEM.
+async fn tls_front(to: std::net::SocketAddr) -> (std::net::SocketAddr, String) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name
+        .push(DnType::CommonName, "collector CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let leaf = leaf.signed_by(&key, &ca, &ca_key).unwrap();
+    let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![CertificateDer::from(leaf.der().to_vec())], der)
+        .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(cfg));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut up) = tokio::net::TcpStream::connect(to).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+            });
+        }
+    });
+    (addr, ca.pem())
+}
+
+/// An `https` collector over gRPC, its certificate checked against `ca_file`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_https_grpc_collector() {
+    let receiver = Receiver::start_grpc().await;
+    let (front, ca) = tls_front(receiver.addr).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = \"https://localhost:{}\"\nprotocol = \"grpc\"\nexport_interval = \"50ms\"\nca_file = \"{}\"\n",
+        front.port(),
+        ca_file.display()
+    );
+    let g = gateway(&[("a", a.url())], &tracing).await;
+    let (trace, parent, header) = client_context(true);
+    let (status, text) = chat(&g, &header, false).await;
+    assert_eq!(status, 200, "{text}");
+    let spans = receiver.trace(&trace, has_server).await;
+    assert_eq!(
+        one(&spans, "POST /v1/chat/completions").parent_span_id,
+        parent
+    );
+    // Over plain http/protobuf, https is refused with the way out.
+    let refused = "[tracing]\notlp_endpoint = \"https://localhost:4318\"\n";
+    let err = sluice::config::from_str(refused, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("protocol = \"grpc\""), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_passthrough_request_is_traced_to_its_backend() {
     let receiver = Receiver::start().await;

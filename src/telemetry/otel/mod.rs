@@ -32,6 +32,7 @@ use std::time::Duration;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::tonic_types::metadata::MetadataMap;
+use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
@@ -66,6 +67,8 @@ pub struct Settings {
     pub export_interval: Duration,
     /// Bound on one export.
     pub export_timeout: Duration,
+    /// Extra roots (PEM) for an `https` gRPC collector, beside the system's.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 /// Why tracing could not be started.
@@ -148,12 +151,19 @@ fn exporter(s: &Settings) -> Result<opentelemetry_otlp::SpanExporter, OtelError>
                     headers.insert(k, v);
                 }
             }
-            builder
+            let builder = builder
                 .with_tonic()
                 .with_endpoint(s.endpoint.clone())
                 .with_timeout(s.export_timeout)
-                .with_metadata(MetadataMap::from_headers(headers))
-                .build()?
+                .with_metadata(MetadataMap::from_headers(headers));
+            if !s.endpoint.starts_with("https://") {
+                return Ok(builder.build()?);
+            }
+            let mut tls = ClientTlsConfig::new().with_native_roots();
+            if let Some(pem) = &s.ca_pem {
+                tls = tls.ca_certificate(Certificate::from_pem(pem));
+            }
+            builder.with_tls_config(tls).build()?
         }
     })
 }
