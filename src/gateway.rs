@@ -4,6 +4,11 @@
 //! Invariant: a request loads the snapshot once and uses it to the end; a reload builds a whole
 //! new snapshot (reusing backend states) and swaps it in atomically.
 //!
+//! Tracing (`[tracing]`) is part of the snapshot: a reload that changes its settings starts a
+//! new tracer provider (exporter, sampler, span queue) and puts it in the new snapshot; the old
+//! one serves the requests that started under it and, once the last of them is gone, its
+//! export task sends what it queued and ends, on the main runtime, never on a request.
+//!
 //! Membership: a fleet snapshot is the configured backends plus the run-time members —
 //! registered through the admin API (TTL heartbeat) and discovered through DNS. Every rebuild
 //! (reload, registration, expiry, re-resolution) goes through [`Gateway::rebuild`], so run-time
@@ -25,12 +30,15 @@ use crate::fleet::registration::Registrations;
 use crate::fleet::Fleet;
 use crate::limits::Limits;
 use crate::routing::Router;
+use crate::telemetry::otel::{Settings, Tracing};
 
 /// One consistent view of the configuration.
 pub struct Runtime {
     pub config: Arc<Config>,
     pub fleet: Arc<Fleet>,
     pub keys: Arc<KeyStore>,
+    /// OpenTelemetry export (`[tracing]`); `None`: off, and the request path makes no span.
+    pub otel: Option<Arc<Tracing>>,
 }
 
 /// State shared by every connection and request.
@@ -51,9 +59,6 @@ pub struct Gateway {
     rebuild_lock: Mutex<()>,
     /// The workload trace (`[trace]`), opened at start-up.
     pub trace: Option<Arc<crate::telemetry::trace::TraceWriter>>,
-    /// OpenTelemetry export (`[tracing]`), started with the gateway; `None`: off, and the
-    /// request path makes no span.
-    pub otel: Option<Arc<crate::telemetry::otel::Tracing>>,
     /// The runtime the gateway was built on (the control runtime): work that outlives a
     /// request, such as following a background response, runs there.
     pub main: tokio::runtime::Handle,
@@ -64,21 +69,16 @@ impl Gateway {
     pub fn new(config: Config) -> Arc<Gateway> {
         let fleet = Fleet::build(&config, None);
         let limits = Limits::new(&config);
+        let main = tokio::runtime::Handle::current();
         let runtime = Runtime {
             keys: Arc::new(KeyStore::new(&config)),
             fleet: Arc::new(fleet),
+            otel: start_tracing(config.tracing.as_ref(), &main),
             config: Arc::new(config),
         };
         let trace = runtime.config.trace.as_ref().and_then(|path| {
             crate::telemetry::trace::TraceWriter::open(path)
                 .map_err(|e| tracing::error!("cannot open the trace {}: {e}", path.display()))
-                .ok()
-                .map(Arc::new)
-        });
-        let otel = runtime.config.tracing.as_ref().and_then(|settings| {
-            let handle = tokio::runtime::Handle::current();
-            crate::telemetry::otel::Tracing::start(settings, &handle)
-                .map_err(|e| tracing::error!("tracing is off: {e}"))
                 .ok()
                 .map(Arc::new)
         });
@@ -101,8 +101,7 @@ impl Gateway {
             discovered: Discovered::default(),
             rebuild_lock: Mutex::new(()),
             trace,
-            otel,
-            main: tokio::runtime::Handle::current(),
+            main,
         });
         spawn_membership(Arc::downgrade(&gw));
         gw
@@ -124,9 +123,15 @@ impl Gateway {
         let fleet = Fleet::build_with(&config, &self.members(&config), Some(&old.fleet));
         mark_removed_draining(&old.fleet, &fleet);
         self.limits.reconfigure(&config);
+        let otel = if config.tracing == old.config.tracing {
+            old.otel.clone()
+        } else {
+            start_tracing(config.tracing.as_ref(), &self.main)
+        };
         let next = Runtime {
             keys: Arc::new(KeyStore::new(&config)),
             fleet: Arc::new(fleet),
+            otel,
             config: Arc::new(config),
         };
         self.health
@@ -156,6 +161,7 @@ impl Gateway {
         let next = Runtime {
             keys: old.keys.clone(),
             fleet: Arc::new(fleet),
+            otel: old.otel.clone(),
             config: old.config.clone(),
         };
         self.health
@@ -177,6 +183,22 @@ impl Gateway {
 
     pub fn accepting(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+}
+
+/// Tracing as `settings` say (`None`: off), its export task on `main`. A provider that cannot
+/// be built leaves tracing off, with the reason logged.
+fn start_tracing(
+    settings: Option<&Settings>,
+    main: &tokio::runtime::Handle,
+) -> Option<Arc<Tracing>> {
+    let settings = settings?;
+    match Tracing::start(settings, main) {
+        Ok(t) => Some(Arc::new(t)),
+        Err(e) => {
+            tracing::error!("tracing is off: {e}");
+            None
+        }
     }
 }
 

@@ -32,7 +32,8 @@ pub struct Outcome {
     /// The engine reported requests waiting while this one awaited its first token
     /// ([`LoadGuard::queue_seen`]): its TTFT is no prefill-speed sample.
     pub queue_seen: bool,
-    /// Why a stream ended, as its last event said (see [`crate::api::Seen::finish`]).
+    /// Why the answer ended, as a stream's last event or a whole answer said (see
+    /// [`crate::api::Seen::finish`]).
     pub finish: Option<&'static str>,
 }
 
@@ -55,7 +56,7 @@ pub struct Settle {
     pub pending: Option<String>,
     /// A broken stream was continued on another backend.
     pub continued: bool,
-    /// Why the stream ended, by its events (`None` for a whole answer).
+    /// Why the answer ended, by a stream's events or the whole answer.
     pub finish: Option<&'static str>,
     done: bool,
 }

@@ -13,7 +13,7 @@
 
 use super::engine::fields;
 use super::multipart::{self, FormError};
-use super::{wire, BodyForm, ClientApi, TokenizeForm, Usage};
+use super::{wire, BodyForm, ClientApi, TokenizeForm, Whole};
 use crate::config::BackendKind;
 use crate::openai::edit::Splice;
 use crate::openai::{ApiError, RequestFields};
@@ -101,9 +101,9 @@ impl ClientApi for Audio {
         None
     }
 
-    fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
+    fn whole(&self, json: &[u8]) -> Result<Whole, serde_json::Error> {
         // Text, SRT and VTT answers are answers too, not broken JSON.
-        Ok(wire::whole_usage(json).unwrap_or(None))
+        Ok(wire::whole(json).unwrap_or_default())
     }
 
     fn id_prefix(&self) -> &'static str {

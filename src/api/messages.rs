@@ -28,7 +28,7 @@ use http::{header, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::{wire, ClientApi, Edits, Seen, TokenizeForm, Usage};
+use super::{wire, ClientApi, Edits, Seen, TokenizeForm, Usage, Whole};
 use crate::config::BackendKind;
 use crate::openai::edit::{self, Splice};
 use crate::openai::error::insert_retry_after;
@@ -181,6 +181,9 @@ struct EventLite<'a> {
     model: Option<&'a RawValue>,
     #[serde(borrow, default)]
     delta: Option<DeltaLite<'a>>,
+    /// A whole answer's (a stream's is in its `message_delta`).
+    #[serde(borrow, default)]
+    stop_reason: Option<&'a RawValue>,
 }
 
 /// A `message_delta`'s delta (other events' deltas read as one with nothing set).
@@ -224,10 +227,13 @@ fn inspect(data: &[u8]) -> Seen {
     seen
 }
 
-fn whole_usage(json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
+fn whole(json: &[u8]) -> Result<Whole, serde_json::Error> {
     match serde_json::from_slice::<EventLite<'_>>(json) {
-        Ok(e) => Ok(e.usage.map(|u| u.usage())),
-        Err(e) if wire::is_json(json, &e) => Ok(None),
+        Ok(e) => Ok(Whole {
+            usage: e.usage.map(|u| u.usage()),
+            finish: e.stop_reason.and_then(wire::finish_name),
+        }),
+        Err(e) if wire::is_json(json, &e) => Ok(Whole::default()),
         Err(e) => Err(e),
     }
 }
@@ -310,8 +316,8 @@ impl ClientApi for Messages {
         "messages"
     }
 
-    fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
-        whole_usage(json)
+    fn whole(&self, json: &[u8]) -> Result<Whole, serde_json::Error> {
+        whole(json)
     }
 
     fn native(&self, kind: BackendKind) -> bool {
@@ -342,9 +348,9 @@ impl ClientApi for CountTokens {
         0
     }
 
-    fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
+    fn whole(&self, json: &[u8]) -> Result<Whole, serde_json::Error> {
         // Checked to be JSON; `input_tokens` is a count, not usage (see the module doc).
-        serde_json::from_slice::<serde::de::IgnoredAny>(json).map(|_| None)
+        serde_json::from_slice::<serde::de::IgnoredAny>(json).map(|_| Whole::default())
     }
 
     fn native(&self, kind: BackendKind) -> bool {

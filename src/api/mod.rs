@@ -27,7 +27,7 @@
 //!    `pub static <NAME>: &dyn ClientApi` for it, as [`chat`] does. The provided methods answer
 //!    for the OpenAI wire; an API with another wire overrides every one of them: parse its routed fields into [`RequestFields`] (reuse
 //!    [`crate::openai::request`]'s helpers or write a borrowed parse of your own; never build a
-//!    tree of the body), inspect its stream events and whole answers into [`Seen`] / [`Usage`]
+//!    tree of the body), inspect its stream events and whole answers into [`Seen`] / [`Whole`]
 //!    without allocating per event, and shape errors — Sluice's own and the mid-stream terminal
 //!    event — the way that API's SDKs read them.
 //! 2. Add `pub mod <name>;` and `pub use <name>::<NAME>;` below, a row to the table above, and
@@ -46,7 +46,7 @@
 //! it can): the request is translated once in `prepare` (a field that cannot be carried is a 400
 //! naming it, before any attempt), each attempt sends the translated body to
 //! `/v1/chat/completions`, and the answer is put back into the API's shape before the observer
-//! reads it with this API's own `inspect`/`whole_usage`. The Responses and Messages APIs are
+//! reads it with this API's own `inspect`/`whole`. The Responses and Messages APIs are
 //! served this way ([`translate`]); the native path keeps its byte splicing.
 //!
 //! Invariants every implementation keeps:
@@ -143,10 +143,16 @@ pub trait ClientApi: Send + Sync {
         wire::inspect(data)
     }
 
-    /// The usage in a whole (non-streamed) answer; `Err` when the body is not JSON at all
-    /// (valid JSON of an unexpected shape is `Ok(None)`).
+    /// What a whole (non-streamed) answer says — its usage and why it ended — read in one
+    /// borrowed pass; `Err` when the body is not JSON at all (valid JSON of an unexpected
+    /// shape says nothing).
+    fn whole(&self, json: &[u8]) -> Result<Whole, serde_json::Error> {
+        wire::whole(json)
+    }
+
+    /// The usage in a whole answer (see [`ClientApi::whole`]; not overridden).
     fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
-        wire::whole_usage(json)
+        self.whole(json).map(|w| w.usage)
     }
 
     /// Apply `edits` to one JSON object (a stream event's data or a whole answer); `None` when
@@ -369,6 +375,15 @@ pub struct Seen {
     pub invalid: bool,
     /// Why the answer ended, when this event says it (chat and completions `finish_reason`,
     /// Anthropic's `stop_reason`, the Responses API's final status).
+    pub finish: Option<&'static str>,
+}
+
+/// What a whole (non-streamed) answer told the gateway.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Whole {
+    pub usage: Option<Usage>,
+    /// Why the answer ended, as a label (see [`Seen::finish`]): the first choice's
+    /// `finish_reason`, Anthropic's `stop_reason`, the Responses API's final `status`.
     pub finish: Option<&'static str>,
 }
 

@@ -28,7 +28,7 @@ use http::StatusCode;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{wire, ClientApi, Edits, Pin, Seen, TokenizeForm, Usage};
+use super::{wire, ClientApi, Edits, Pin, Seen, TokenizeForm, Usage, Whole};
 use crate::config::BackendKind;
 use crate::openai::edit::{self, Splice};
 use crate::openai::request::{self, PromptField, MAX_TOKENS_LIMIT};
@@ -190,6 +190,19 @@ fn span_in(json: &[u8], raw: &RawValue) -> Option<std::ops::Range<usize>> {
     (end <= json.len()).then_some(start..end)
 }
 
+/// A whole response's final `status` as a finish label (one still queued or running has
+/// none yet); any other text is `other`.
+fn final_status(raw: &RawValue) -> Option<&'static str> {
+    Some(match raw.get() {
+        "\"queued\"" | "\"in_progress\"" | "null" => return None,
+        "\"completed\"" => "completed",
+        "\"incomplete\"" => "incomplete",
+        "\"failed\"" => "failed",
+        "\"cancelled\"" => "cancelled",
+        _ => "other",
+    })
+}
+
 /// The splices that give a response object the client's ids and model name.
 fn response_splices(json: &[u8], obj: &ResponseLite<'_>, edits: &Edits, out: &mut Vec<Splice>) {
     let mut put = |raw: Option<&RawValue>, value: &dyn Fn(&str) -> String| {
@@ -267,15 +280,20 @@ impl ClientApi for Responses {
         seen
     }
 
-    fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
+    fn whole(&self, json: &[u8]) -> Result<Whole, serde_json::Error> {
         #[derive(Deserialize)]
-        struct Whole {
+        struct Answer<'a> {
             #[serde(default)]
             usage: Option<UsageLite>,
+            #[serde(borrow, default)]
+            status: Option<&'a RawValue>,
         }
-        match serde_json::from_slice::<Whole>(json) {
-            Ok(w) => Ok(w.usage.map(Usage::from)),
-            Err(e) if wire::is_json(json, &e) => Ok(None),
+        match serde_json::from_slice::<Answer<'_>>(json) {
+            Ok(a) => Ok(Whole {
+                usage: a.usage.map(Usage::from),
+                finish: a.status.and_then(final_status),
+            }),
+            Err(e) if wire::is_json(json, &e) => Ok(Whole::default()),
             Err(e) => Err(e),
         }
     }

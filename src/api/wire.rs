@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{Edits, Seen, Usage};
+use super::{Edits, Seen, Usage, Whole};
 use crate::openai::edit::{self, Splice};
 use crate::openai::{ApiError, RequestFields};
 
@@ -173,20 +173,81 @@ pub fn edit_json(json: &[u8], edits: &Edits) -> Option<Bytes> {
     Some(out)
 }
 
+/// The usage and the first choice's finish reason of a whole (non-streamed) response; `Err`
+/// when the body is not JSON at all (valid JSON of an unexpected shape says nothing).
+pub fn whole(json: &[u8]) -> Result<Whole, serde_json::Error> {
+    /// Only `usage` and each choice's `finish_reason` are read; the rest is skipped (and
+    /// checked to be JSON) without allocating.
+    #[derive(Deserialize)]
+    struct Answer {
+        #[serde(default)]
+        usage: Option<Usage>,
+        #[serde(default)]
+        choices: Option<FirstFinish>,
+    }
+    match serde_json::from_slice::<Answer>(json) {
+        Ok(a) => Ok(Whole {
+            usage: a.usage,
+            finish: a.choices.and_then(|c| c.0),
+        }),
+        // Choices of another shape: the usage alone (a rare second pass, never for an engine
+        // that answers as OpenAI does).
+        Err(e) if is_json(json, &e) => Ok(Whole {
+            usage: whole_usage(json).ok().flatten(),
+            finish: None,
+        }),
+        Err(e) => Err(e),
+    }
+}
+
 /// The usage of a whole (non-streamed) response; `Err` when the body is not JSON at all (valid
 /// JSON of an unexpected shape is `Ok(None)`).
 pub fn whole_usage(json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
     /// Only `usage` is read; the rest is skipped (and checked to be JSON) without allocating.
     #[derive(Deserialize)]
-    struct Whole {
+    struct Answer {
         #[serde(default)]
         usage: Option<Usage>,
     }
-    match serde_json::from_slice::<Whole>(json) {
+    match serde_json::from_slice::<Answer>(json) {
         Ok(c) => Ok(c.usage),
         Err(e) if is_json(json, &e) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// The first finish reason among a whole answer's `choices`, read choice by choice without
+/// collecting them.
+struct FirstFinish(Option<&'static str>);
+
+impl<'de> Deserialize<'de> for FirstFinish {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Choices;
+        impl<'de> serde::de::Visitor<'de> for Choices {
+            type Value = FirstFinish;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of choices")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut first = None;
+                while let Some(c) = seq.next_element::<FinishLite<'de>>()? {
+                    first = first.or_else(|| c.finish_reason.and_then(finish_name));
+                }
+                Ok(FirstFinish(first))
+            }
+        }
+        d.deserialize_seq(Choices)
+    }
+}
+
+/// A whole answer's choice as far as its finish reason.
+#[derive(Deserialize)]
+struct FinishLite<'a> {
+    #[serde(borrow, default)]
+    finish_reason: Option<&'a RawValue>,
 }
 
 /// OpenAI's terminal error: the error object as a data event, then `[DONE]`, so the SDKs
@@ -232,6 +293,40 @@ mod tests {
             crate::api::responses::RESPONSES.inspect(done).finish,
             Some("incomplete")
         );
+    }
+
+    /// A whole answer's finish reason is read with its usage, in the same pass: the first
+    /// choice that names one for chat and completions, Anthropic's `stop_reason`, a final
+    /// Responses `status`; choices of another shape keep the usage.
+    #[test]
+    fn whole_answers_say_why_they_ended() {
+        let chat = br#"{"choices":[{"index":0,"message":{"content":"hi"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
+        let w = whole(chat).unwrap();
+        assert_eq!(
+            (w.finish, w.usage.map(|u| u.completion_tokens)),
+            (Some("length"), Some(2))
+        );
+        let two = br#"{"choices":[{"text":"a","finish_reason":null},{"text":"b","finish_reason":"stop"}]}"#;
+        assert_eq!(whole(two).unwrap().finish, Some("stop"));
+        let odd = br#"{"choices":[1,2],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
+        let w = whole(odd).unwrap();
+        assert_eq!(
+            (w.finish, w.usage.map(|u| u.prompt_tokens)),
+            (None, Some(3))
+        );
+        assert_eq!(whole(br#"{"choices":null}"#).unwrap(), Whole::default());
+        assert!(whole(b"{\"choices\":[ garbage").is_err());
+        let messages = br#"{"type":"message","stop_reason":"end_turn","usage":{"input_tokens":4,"output_tokens":1}}"#;
+        let w = crate::api::messages::MESSAGES.whole(messages).unwrap();
+        assert_eq!(
+            (w.finish, w.usage.map(|u| u.prompt_tokens)),
+            (Some("end_turn"), Some(4))
+        );
+        let responses = crate::api::responses::RESPONSES;
+        let done = br#"{"object":"response","status":"incomplete","usage":{"input_tokens":4,"output_tokens":9}}"#;
+        assert_eq!(responses.whole(done).unwrap().finish, Some("incomplete"));
+        let queued = br#"{"object":"response","status":"queued"}"#;
+        assert_eq!(responses.whole(queued).unwrap().finish, None);
     }
 
     #[test]

@@ -57,10 +57,12 @@ pub fn reload_now(gw: &Gateway, path: &Path) -> bool {
                 .map(|b| b.name.as_str())
                 .collect();
             let (backends, keys) = (config.backends.len(), config.keys.len());
+            let tracing_changed = config.tracing != old.config.tracing;
             tracing::info!(
                 path = %path.display(),
                 backends,
                 keys,
+                tracing_changed,
                 added = ?added,
                 removed = ?removed,
                 changed = ?changed,

@@ -125,6 +125,8 @@ pub struct TracingSection {
     pub export_interval: Option<String>,
     /// Bound on one export (default `10s`).
     pub export_timeout: Option<String>,
+    /// Extra roots (PEM) for an `https` collector, beside the system's (gRPC only).
+    pub ca_file: Option<String>,
 }
 
 impl TracingSection {
@@ -139,6 +141,7 @@ impl TracingSection {
             || self.queue_size.is_some()
             || self.export_interval.is_some()
             || self.export_timeout.is_some()
+            || self.ca_file.is_some()
     }
 }
 

@@ -92,10 +92,10 @@ pub async fn handle(gw: Arc<Gateway>, api: &'static dyn ClientApi, req: Request<
     let request_id = crate::telemetry::access::request_id(req.headers());
     let mut record = AccessRecord::new(request_id, api.label(), started);
     record.client = crate::telemetry::access::client_addr(req.extensions());
-    if let Some(otel) = &gw.otel {
+    let rt = gw.runtime();
+    if let Some(otel) = &rt.otel {
         record.trace = Some(server_span(otel, api, req.headers(), &record.request_id));
     }
-    let rt = gw.runtime();
     // (the connection's service puts the request id on the response, as on every response)
     match proxy(&gw, &rt, api, req, &mut record).await {
         Ok(resp) => resp,
@@ -115,7 +115,7 @@ fn server_span(
     headers: &HeaderMap,
     request_id: &str,
 ) -> RequestTrace {
-    let trace = otel.request(headers, format!("POST {}", api.path()));
+    let trace = otel.request(headers, || format!("POST {}", api.path()));
     trace.set(|| {
         [
             KeyValue::new("gen_ai.operation.name", operation(api.label())),

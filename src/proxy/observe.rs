@@ -830,8 +830,8 @@ mod seam_tests {
             seen.done = data.starts_with(br#"{"type":"done""#);
             seen
         }
-        fn whole_usage(&self, json: &[u8]) -> Result<Option<Usage>, serde_json::Error> {
-            wire::whole_usage(json)
+        fn whole(&self, json: &[u8]) -> Result<crate::api::Whole, serde_json::Error> {
+            wire::whole(json)
         }
         fn edit(&self, json: &[u8], edits: &Edits) -> Option<Bytes> {
             wire::edit_json(json, edits)

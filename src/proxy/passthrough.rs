@@ -56,10 +56,10 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Body>) -> Response {
     let mut record = AccessRecord::new(request_id, LABEL, started);
     record.client = crate::telemetry::access::client_addr(req.extensions());
     let rt = gw.runtime();
-    if let Some(otel) = &gw.otel {
+    if let Some(otel) = &rt.otel {
         // named by the rule, not the path: a path may carry ids
         if let Some(rule) = rule_for(&rt.config, req.uri().path()) {
-            let name = format!("{} {}", req.method(), rule.prefix);
+            let name = || format!("{} {}", req.method(), rule.prefix);
             record.trace = Some(otel.request(req.headers(), name));
         }
     }

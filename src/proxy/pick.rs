@@ -20,6 +20,7 @@ use crate::openai::ApiError;
 use crate::routing::{RouteInput, Router};
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::metrics as m;
+use crate::telemetry::otel::Phase;
 use opentelemetry::KeyValue;
 
 /// How long clients are told to wait when no backend can take their request.
@@ -48,7 +49,8 @@ pub(super) struct Claimed {
 
 /// The backend for the next attempt: a native one first when some candidates serve only by
 /// translation, else the policy's pick, waiting in the fair queue when all are at their cap.
-/// With tracing, one routing span: candidates, the chosen backend, what routing expected there.
+/// With tracing, one routing span: candidates, the chosen backend, what routing expected there;
+/// a wait in the fair queue is a `sluice.queue` span inside it.
 pub(super) async fn pick(
     gw: &Gateway,
     config: &Config,
@@ -57,16 +59,19 @@ pub(super) async fn pick(
     record: &AccessRecord,
 ) -> Result<Option<Claimed>, ApiError> {
     let span = record.trace.as_ref().map(|t| t.phase("sluice.routing"));
-    let started = span.as_ref().map(|_| Instant::now());
     let claimed = match pick_native(gw, config, p, tried) {
         Some(claimed) => Ok(Some(claimed)),
         None => {
-            let (candidates, tenant) = (&p.resolved.candidates, &p.identity.tenant);
-            pick_or_wait(gw, config, p.policy, candidates, tried, &p.input, tenant).await
+            let candidates = &p.resolved.candidates;
+            let who = Waiter {
+                tenant: &p.identity.tenant,
+                span: span.as_ref(),
+            };
+            pick_or_wait(gw, config, p.policy, candidates, tried, &p.input, who).await
         }
     };
-    if let (Some(span), Some(started)) = (span, started) {
-        span.set(|| routed(p, tried, &claimed, started.elapsed()));
+    if let Some(span) = span {
+        span.set(|| routed(p, tried, &claimed));
         if let Err(e) = &claimed {
             span.fail(e.label());
         }
@@ -80,7 +85,6 @@ fn routed(
     p: &Prepared,
     tried: &[usize],
     claimed: &Result<Option<Claimed>, ApiError>,
-    took: Duration,
 ) -> Vec<KeyValue> {
     let mut attrs = vec![
         KeyValue::new("sluice.routing.policy", p.policy.as_str()),
@@ -89,7 +93,6 @@ fn routed(
             p.resolved.candidates.len() as i64,
         ),
         KeyValue::new("sluice.routing.tried", tried.len() as i64),
-        KeyValue::new("sluice.routing.wait_ms", took.as_secs_f64() * 1000.0),
     ];
     if let Ok(Some(c)) = claimed {
         let backend = &p.resolved.candidates[c.idx].0;
@@ -169,6 +172,13 @@ pub(super) fn pick_and_claim(
     None
 }
 
+/// Who waits in the fair queue: the tenant the queue is fair between, and the span a wait is
+/// traced under (a `sluice.queue` span is made under it only when the request does wait).
+pub(super) struct Waiter<'a> {
+    pub(super) tenant: &'a str,
+    pub(super) span: Option<&'a Phase>,
+}
+
 /// Pick a backend; when every untried routable candidate is at its concurrency cap, wait in the
 /// gateway's fair queue (by tenant) for a slot, up to `queue.timeout`. `Ok(None)`: nothing is
 /// routable (or all were tried); `Err`: the queue is full or the wait timed out (503 +
@@ -180,7 +190,7 @@ pub(super) async fn pick_or_wait(
     candidates: &[(Arc<Backend>, String)],
     tried: &[usize],
     input: &RouteInput,
-    tenant: &str,
+    who: Waiter<'_>,
 ) -> Result<Option<Claimed>, ApiError> {
     if let Some(c) = pick_and_claim(gw, config, policy, candidates, tried, input) {
         return Ok(Some(c));
@@ -192,30 +202,60 @@ pub(super) async fn pick_or_wait(
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + q.timeout;
     let refuse = |reason, why| queue_refusal(gw, reason, why);
-    let mut ticket = match gw.queue.enter(tenant, 1.0, q.size) {
+    let mut ticket = match gw.queue.enter(who.tenant, 1.0, q.size) {
         Ok(t) => t,
         Err(e) => return Err(refuse("full", e)),
     };
-    metrics::gauge!(m::QUEUE_DEPTH).set(gw.queue.len() as f64);
-    for _ in 0..MAX_QUEUE_ROUNDS {
-        if let Err(e) = ticket.wait(deadline, QUEUE_RECHECK).await {
-            drop(ticket);
-            metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "timeout")
-                .record(started.elapsed().as_secs_f64());
-            return Err(refuse("timeout", e));
+    let depth = gw.queue.len();
+    metrics::gauge!(m::QUEUE_DEPTH).set(depth as f64);
+    let span = who.span.and_then(|s| s.child("sluice.queue"));
+    let (waited, outcome) = 'wait: {
+        for _ in 0..MAX_QUEUE_ROUNDS {
+            if let Err(e) = ticket.wait(deadline, QUEUE_RECHECK).await {
+                drop(ticket);
+                metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "timeout")
+                    .record(started.elapsed().as_secs_f64());
+                break 'wait (Err(refuse("timeout", e)), "timeout");
+            }
+            if let Some(c) = pick_and_claim(gw, config, policy, candidates, tried, input) {
+                drop(ticket);
+                metrics::gauge!(m::QUEUE_DEPTH).set(gw.queue.len() as f64);
+                metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "routed")
+                    .record(started.elapsed().as_secs_f64());
+                break 'wait (Ok(Some(c)), "routed");
+            }
+            if !Router::saturated(candidates, tried) {
+                break 'wait (Ok(None), "unroutable");
+            }
         }
-        if let Some(c) = pick_and_claim(gw, config, policy, candidates, tried, input) {
-            drop(ticket);
-            metrics::gauge!(m::QUEUE_DEPTH).set(gw.queue.len() as f64);
-            metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "routed")
-                .record(started.elapsed().as_secs_f64());
-            return Ok(Some(c));
-        }
-        if !Router::saturated(candidates, tried) {
-            return Ok(None);
-        }
+        (Err(refuse("timeout", QueueError::Timeout)), "timeout")
+    };
+    if let Some(span) = span {
+        end_queue_span(&span, &waited, outcome, depth, started.elapsed());
     }
-    Err(refuse("timeout", QueueError::Timeout))
+    waited
+}
+
+/// The `sluice.queue` span's attributes, and its end: how the wait ended, how long it took,
+/// how many were queued when the request joined them.
+fn end_queue_span(
+    span: &Phase,
+    waited: &Result<Option<Claimed>, ApiError>,
+    outcome: &'static str,
+    depth: usize,
+    took: Duration,
+) {
+    span.set(|| {
+        [
+            KeyValue::new("sluice.queue.outcome", outcome),
+            KeyValue::new("sluice.queue.depth", depth as i64),
+            KeyValue::new("sluice.queue.wait_ms", took.as_secs_f64() * 1000.0),
+        ]
+    });
+    if let Err(e) = waited {
+        span.fail(e.label());
+    }
+    span.end();
 }
 
 /// The 503 of a request the fair queue refused (`full`) or gave up on (`timeout`), counted.

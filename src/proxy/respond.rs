@@ -236,8 +236,9 @@ pub(super) async fn whole_answer(
             return broken_answer(config, api, backend, settle, "invalid body", label, &why);
         }
     };
-    settle.usage = match api.whole_usage(&whole) {
-        Ok(u) => u,
+    // (read with the usage, in the same pass: no second parse for the trace's finish reason)
+    let said = match api.whole(&whole) {
+        Ok(said) => said,
         // Not JSON (garbage, NDJSON, a cut body): the client gets a clean 502, not the bytes.
         Err(e) => {
             let why = format!("sent an answer that is not JSON ({e}).");
@@ -245,6 +246,7 @@ pub(super) async fn whole_answer(
             return broken_answer(config, api, backend, settle, "invalid body", label, &why);
         }
     };
+    (settle.usage, settle.finish) = (said.usage, said.finish);
     settle.complete = true;
     if settle.usage.is_none() {
         settle.pending = api.pending(&whole);

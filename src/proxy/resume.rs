@@ -268,7 +268,10 @@ impl Continuer {
             &self.candidates,
             &tried,
             &self.input,
-            &self.tenant,
+            super::pick::Waiter {
+                tenant: &self.tenant,
+                span,
+            },
         )
         .await
         .map_err(|e| e.message)?

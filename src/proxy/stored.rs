@@ -30,7 +30,7 @@ use super::observe::Redactor;
 use super::sse::{event_data_borrowed, lines, SseScanner};
 use crate::api::{ClientApi, Edits, Pin};
 use crate::fleet::Backend;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Runtime};
 use crate::openai::error::from_backend_redacted;
 use crate::openai::ApiError;
 use crate::telemetry::access::AccessRecord;
@@ -73,11 +73,12 @@ pub async fn handle(
     let request_id = crate::telemetry::access::request_id(req.headers());
     let mut record = AccessRecord::new(request_id, api.label(), started);
     record.client = crate::telemetry::access::client_addr(req.extensions());
-    if let Some(otel) = &gw.otel {
-        let name = format!("{} {}/{{id}}", call.method(), api.path());
+    let rt = gw.runtime();
+    if let Some(otel) = &rt.otel {
+        let name = || format!("{} {}/{{id}}", call.method(), api.path());
         record.trace = Some(otel.request(req.headers(), name));
     }
-    let result = forward(&gw, api, call, &id, req, &mut record).await;
+    let result = forward(&gw, &rt, api, call, &id, req, &mut record).await;
     let response = result.unwrap_or_else(|err| {
         record.error = Some(err.label().to_string());
         api.error_response(err)
@@ -89,13 +90,13 @@ pub async fn handle(
 
 async fn forward(
     gw: &Gateway,
+    rt: &Runtime,
     api: &'static dyn ClientApi,
     call: Call,
     id: &str,
     req: Request<Body>,
     record: &mut AccessRecord,
 ) -> Result<Response, ApiError> {
-    let rt = gw.runtime();
     let identity = rt.keys.authenticate(req.headers())?;
     record.tenant = identity.tenant.clone();
     let pin = api.locate(id, &identity.tenant)?;
@@ -119,7 +120,7 @@ async fn forward(
         backend,
         tenant: &identity.tenant,
     };
-    let mut answer = call_holder(&rt, api, call, holder, req, record)
+    let mut answer = call_holder(rt, api, call, holder, req, record)
         .await
         .map_err(|mut e| {
             e.headers.extend(limit_headers.clone());

@@ -90,11 +90,10 @@ impl AccessRecord {
         let duration = self.started.elapsed();
         let class = m::status_class(self.status);
         let backend = self.backend.as_deref().unwrap_or("-");
+        // (hex only if the line is written: the log formats them in place)
         let ids = self.trace.as_ref().and_then(|t| t.ids());
-        let (trace_id, span_id) = match &ids {
-            Some((t, s)) => (Some(t.as_str()), Some(s.as_str())),
-            None => (None, None),
-        };
+        let trace_id = ids.map(|(t, _)| tracing::field::display(t));
+        let span_id = ids.map(|(_, s)| tracing::field::display(s));
         tracing::info!(
             target: "sluice::access",
             request_id = %self.request_id,

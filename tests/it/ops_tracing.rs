@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sluice::sim::{Fault, FaultMode, SimKind};
+use sluice::sim::{Fault, FaultMode, SimConfig, SimKind};
 
 use crate::support;
 use support::otlp::{named, one, Receiver, Span};
@@ -153,6 +153,8 @@ async fn a_client_trace_holds_sluices_phases_and_reaches_the_engine() {
     let response = one(&spans, "sluice.response");
     assert_eq!(response.parent_span_id, server.span_id);
     assert_eq!(response.attr("sluice.complete"), "true");
+    let finish = response.attr("gen_ai.response.finish_reasons");
+    assert!(["stop", "length"].contains(&finish), "{finish}");
 
     // The engine was given the attempt's context: its span joins the trace under the attempt.
     let want = format!("00-{trace}-{}-01", attempt.span_id);
@@ -181,6 +183,104 @@ async fn a_client_trace_holds_sluices_phases_and_reaches_the_engine() {
     chat(&g, &h2, false).await;
     receiver.trace(&t2, has_server).await;
     assert!(receiver.spans().iter().all(|s| s.trace_id != trace));
+}
+
+/// Whole answers of the Anthropic Messages and the Responses APIs say why they ended on their
+/// response span, read from the body the usage accounting reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_answers_carry_their_finish_reason() {
+    let receiver = Receiver::start().await;
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let g = gateway(&[("a", a.url())], &receiver.config()).await;
+    let asks = [
+        (
+            "/v1/messages",
+            json!({"model": MODEL, "max_tokens": 12,
+                "messages": [{"role": "user", "content": PROMPT}]}),
+            ["end_turn", "max_tokens"],
+        ),
+        (
+            "/v1/responses",
+            json!({"model": MODEL, "max_output_tokens": 12, "input": PROMPT}),
+            ["completed", "incomplete"],
+        ),
+    ];
+    for (path, body, want) in asks {
+        let (trace, _, header) = client_context(true);
+        let resp = client()
+            .post(g.url(path))
+            .header("traceparent", header)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}: {}", resp.text().await.unwrap());
+        let spans = receiver.trace(&trace, has_server).await;
+        no_prompt(&spans);
+        let response = one(&spans, "sluice.response");
+        assert_eq!(response.attr("sluice.complete"), "true", "{path}");
+        let finish = response.attr("gen_ai.response.finish_reasons");
+        assert!(want.contains(&finish), "{path}: {finish}");
+        assert!(
+            response
+                .attr("gen_ai.usage.output_tokens")
+                .parse::<u64>()
+                .unwrap()
+                > 0,
+            "{path}"
+        );
+    }
+}
+
+/// A request that waits in the fair queue has a `sluice.queue` span inside its routing span,
+/// as long as the wait; one that finds a free slot has none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_in_the_fair_queue_is_a_queue_span() {
+    let receiver = Receiver::start().await;
+    // speed 1: a 60-token answer takes about a second, long enough to queue behind
+    let a = sim_with(SimConfig::new(SimKind::Vllm, vec![MODEL.into()]).speed(1.0)).await;
+    let t = format!(
+        "{}{FAST_HEALTH}\n[queue]\ntimeout = \"20s\"\n{}max_concurrent = 1\n",
+        receiver.config(),
+        backend("a", "vllm", &a.url(), &[MODEL]),
+    );
+    let g = TestGateway::start_healthy(&t).await;
+    let (first_trace, _, first) = client_context(true);
+    let long = {
+        let (url, body) = (g.url("/v1/chat/completions"), chat_body(MODEL, false, 60));
+        tokio::spawn(async move {
+            let resp = client().post(url).header("traceparent", first).json(&body);
+            resp.send().await.unwrap().status().as_u16()
+        })
+    };
+    let b = g.gw.runtime().fleet.get("a").unwrap().clone();
+    eventually(Duration::from_secs(5), "the only slot taken", || {
+        let n = b.state.inflight_requests();
+        async move { n == 1 }
+    })
+    .await;
+    let (trace, _, header) = client_context(true);
+    let (status, text) = chat(&g, &header, false).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(long.await.unwrap(), 200);
+
+    let spans = receiver.trace(&trace, has_server).await;
+    let routing = one(&spans, "sluice.routing");
+    let queue = one(&spans, "sluice.queue");
+    assert_eq!(
+        queue.parent_span_id, routing.span_id,
+        "inside the routing span"
+    );
+    assert_eq!(queue.attr("sluice.queue.outcome"), "routed");
+    assert_eq!(queue.attr("sluice.queue.depth"), "1");
+    let waited: f64 = queue.attr("sluice.queue.wait_ms").parse().unwrap();
+    assert!(waited > 0.0, "{waited}");
+    assert!(queue.duration_ms() <= routing.duration_ms());
+    assert_eq!(routing.attr("sluice.backend"), "a");
+    // The first request found the slot free: it did not wait, and has no queue span.
+    let first = receiver.trace(&first_trace, has_server).await;
+    assert!(named(&first, "sluice.queue").is_empty());
+    assert_eq!(named(&first, "sluice.routing").len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,6 +439,80 @@ async fn spans_reach_a_grpc_collector() {
     );
 }
 
+/// A TLS terminator speaking HTTP/2 (ALPN `h2`) in front of `to`, with a certificate for
+/// `localhost` signed by a CA made here; returns its address and the CA's PEM.
+async fn tls_front(to: std::net::SocketAddr) -> (std::net::SocketAddr, String) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name
+        .push(DnType::CommonName, "collector CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let leaf = leaf.signed_by(&key, &ca, &ca_key).unwrap();
+    let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![CertificateDer::from(leaf.der().to_vec())], der)
+        .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(cfg));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut up) = tokio::net::TcpStream::connect(to).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+            });
+        }
+    });
+    (addr, ca.pem())
+}
+
+/// An `https` collector over gRPC, its certificate checked against `ca_file`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_https_grpc_collector() {
+    let receiver = Receiver::start_grpc().await;
+    let (front, ca) = tls_front(receiver.addr).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = \"https://localhost:{}\"\nprotocol = \"grpc\"\nexport_interval = \"50ms\"\nca_file = \"{}\"\n",
+        front.port(),
+        ca_file.display()
+    );
+    let g = gateway(&[("a", a.url())], &tracing).await;
+    let (trace, parent, header) = client_context(true);
+    let (status, text) = chat(&g, &header, false).await;
+    assert_eq!(status, 200, "{text}");
+    let spans = receiver.trace(&trace, has_server).await;
+    assert_eq!(
+        one(&spans, "POST /v1/chat/completions").parent_span_id,
+        parent
+    );
+    // Over plain http/protobuf, https is refused with the way out.
+    let refused = "[tracing]\notlp_endpoint = \"https://localhost:4318\"\n";
+    let err = sluice::config::from_str(refused, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("protocol = \"grpc\""), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_passthrough_request_is_traced_to_its_backend() {
     let receiver = Receiver::start().await;
@@ -384,6 +558,120 @@ async fn a_passthrough_request_is_traced_to_its_backend() {
         })
         .collect();
     assert_eq!(sent, vec![format!("00-{trace}-{}-01", attempt.span_id)]);
+}
+
+/// A chat request without a trace context of its own; the `traceparent` the engine was sent.
+async fn untraced_chat(g: &TestGateway, sim: &sluice::sim::SimHandle) -> String {
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 4});
+    let resp = post_json(&client(), g.url("/v1/chat/completions"), &body).await;
+    assert_eq!(resp.status(), 200);
+    received(sim).last().cloned().unwrap_or_default()
+}
+
+/// `[tracing]` follows a reload: off to on (Sluice's own traces sampled at 100%), then a
+/// ratio of 0 (its own traces unsampled, a client's sampled one still exported), then off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_turns_tracing_on_changes_its_ratio_and_turns_it_off() {
+    let receiver = Receiver::start().await;
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let toml = |tracing: &str| {
+        format!(
+            "[routing]\npolicy = \"round-robin\"\n{tracing}\n{FAST_HEALTH}{}",
+            backend("a", "vllm", &a.url(), &[MODEL])
+        )
+    };
+    let g = TestGateway::start_healthy(&toml("")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.toml");
+    let reload = |tracing: String| {
+        std::fs::write(&path, toml(&tracing)).unwrap();
+        assert!(sluice::app::reload::reload_now(&g.gw, &path), "applied");
+    };
+
+    // Off: the client's context goes to the engine untouched, nothing is exported.
+    let (off_trace, _, header) = client_context(true);
+    assert_eq!(chat(&g, &header, false).await.0, 200);
+    assert_eq!(received(&a).last(), Some(&header));
+
+    // On, every trace Sluice starts sampled.
+    reload(format!("{}sample_ratio = 1.0\n", receiver.config()));
+    let sent = untraced_chat(&g, &a).await;
+    assert!(sent.ends_with("-01"), "{sent}");
+    let on_trace = sent.split('-').nth(1).unwrap().to_string();
+    let spans = receiver.trace(&on_trace, has_server).await;
+    assert_eq!(
+        one(&spans, "sluice.attempt").attr("sluice.attempt.outcome"),
+        "answered"
+    );
+
+    // A ratio of 0: Sluice's own traces are propagated unsampled and not exported; a client's
+    // sampled trace still is (and comes after, in order, so the other's absence is seen).
+    reload(format!("{}sample_ratio = 0.0\n", receiver.config()));
+    let sent = untraced_chat(&g, &a).await;
+    assert!(sent.ends_with("-00"), "{sent}");
+    let unsampled = sent.split('-').nth(1).unwrap().to_string();
+    let (client_trace, _, header) = client_context(true);
+    assert_eq!(chat(&g, &header, false).await.0, 200);
+    receiver.trace(&client_trace, has_server).await;
+
+    // Off again: no context is made for the engine.
+    reload(String::new());
+    let (late_trace, _, header) = client_context(true);
+    assert_eq!(chat(&g, &header, false).await.0, 200);
+    assert_eq!(received(&a).last(), Some(&header));
+    let before = received(&a).len();
+    untraced_chat(&g, &a).await;
+    assert_eq!(received(&a).len(), before, "no traceparent is sent");
+
+    let spans = receiver.spans();
+    for absent in [&off_trace, &unsampled, &late_trace] {
+        assert!(
+            spans.iter().all(|s| &s.trace_id != absent),
+            "{absent} was exported"
+        );
+    }
+}
+
+/// A stream that started before a reload turned tracing off ends its spans on the provider it
+/// started with, and they are exported: the old provider is dropped only after its last span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_across_a_reload_keeps_its_trace() {
+    let receiver = Receiver::start().await;
+    let a = sim_with(
+        SimConfig::new(SimKind::Vllm, vec![MODEL.into()])
+            .speed(1.0)
+            .output_tokens(30, 30),
+    )
+    .await;
+    let toml = |tracing: &str| {
+        format!(
+            "{tracing}\n{FAST_HEALTH}{}",
+            backend("a", "vllm", &a.url(), &[MODEL])
+        )
+    };
+    let g = TestGateway::start_healthy(&toml(&receiver.config())).await;
+    let (trace, _, header) = client_context(true);
+    let mut stream = client()
+        .post(g.url("/v1/chat/completions"))
+        .header("traceparent", header)
+        .json(&chat_body(MODEL, true, 30))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    assert!(stream.chunk().await.unwrap().is_some(), "the first chunk");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sluice.toml");
+    std::fs::write(&path, toml("")).unwrap();
+    assert!(sluice::app::reload::reload_now(&g.gw, &path));
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    let spans = receiver.trace(&trace, has_server).await;
+    assert_eq!(one(&spans, "sluice.stream").attr("sluice.complete"), "true");
 }
 
 /// `sluice serve` itself, killed when dropped.

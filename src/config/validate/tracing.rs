@@ -1,7 +1,9 @@
 //! `[tracing]`: OpenTelemetry export, with each key the file leaves out taken from the
 //! standard environment (`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, `…_PROTOCOL`, `…_HEADERS`,
-//! `…_TIMEOUT`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER_ARG`,
-//! `OTEL_SDK_DISABLED`). Off unless an endpoint is named, in the file or the environment.
+//! `…_TIMEOUT`, `…_CERTIFICATE`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
+//! `OTEL_TRACES_SAMPLER_ARG`, `OTEL_SDK_DISABLED`). Off unless an endpoint is named, in the
+//! file or the environment. An `https` collector is reached over gRPC only (OTLP/HTTP over
+//! TLS is not built in), with the system's roots and the `ca_file`'s, read and checked here.
 //!
 //! Invariant: the file wins over the environment, key by key; a value from either that is
 //! out of range is a problem naming where it came from.
@@ -78,7 +80,39 @@ pub(super) fn tracing(p: &mut Problems, t: &TracingSection, env: &dyn Env) -> Op
             Duration::from_secs(1),
         ),
         export_timeout,
+        ca_pem: ca_pem(p, t, env),
     })
+}
+
+/// The extra roots for an https collector: the file's `ca_file`, else the standard variable's,
+/// read and checked now (a bad one is a config problem, also on reload).
+fn ca_pem(p: &mut Problems, t: &TracingSection, env: &dyn Env) -> Option<Vec<u8>> {
+    let (at, path) = match &t.ca_file {
+        Some(v) => match expand(v, env) {
+            Ok(v) => ("tracing.ca_file".to_string(), v.trim().to_string()),
+            Err(e) => {
+                p.push("tracing.ca_file", e);
+                return None;
+            }
+        },
+        None => first_env(
+            env,
+            &[
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            ],
+        )?,
+    };
+    let path = std::path::Path::new(&path);
+    match crate::tls::load_ca(path).and_then(|_| {
+        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    }) {
+        Ok(pem) => Some(pem),
+        Err(e) => {
+            p.push(at, e);
+            None
+        }
+    }
 }
 
 /// The first of these environment variables that is set and not empty.
@@ -142,12 +176,15 @@ fn endpoint(
     };
     match url.parse::<http::Uri>() {
         Ok(u) if u.scheme_str() == Some("http") && u.host().is_some() => {}
-        Ok(u) if u.scheme_str() == Some("https") => {
-            p.push(
-                at,
-                "an https collector is not supported yet: send to a local collector over http",
-            );
-            return None;
+        Ok(u) if u.scheme_str() == Some("https") && u.host().is_some() => {
+            if proto == Protocol::HttpProtobuf {
+                p.push(
+                    at,
+                    "an https collector needs protocol = \"grpc\" (OTLP/HTTP over TLS is not \
+                     built in): use gRPC, or a local collector over http",
+                );
+                return None;
+            }
         }
         _ => {
             p.push(
@@ -404,6 +441,32 @@ mod tests {
             problems[0].starts_with("OTEL_TRACES_SAMPLER_ARG"),
             "{problems:?}"
         );
+    }
+
+    /// An https collector over gRPC, with extra roots from the file or the standard variable;
+    /// a CA file that cannot be read is a problem naming where it came from.
+    #[test]
+    fn an_https_collector_takes_grpc_and_extra_roots() {
+        let (s, problems) = run(
+            "otlp_endpoint = \"https://c:4317\"\nprotocol = \"grpc\"",
+            &[],
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(s.unwrap().ca_pem, None);
+        let missing = [("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem")];
+        let (_, problems) = run(
+            "otlp_endpoint = \"https://c\"\nprotocol = \"grpc\"",
+            &missing,
+        );
+        assert!(
+            problems[0].starts_with("OTEL_EXPORTER_OTLP_CERTIFICATE"),
+            "{problems:?}"
+        );
+        let (_, problems) = run(
+            "otlp_endpoint = \"http://c\"\nca_file = \"/nonexistent\"",
+            &[],
+        );
+        assert!(problems[0].starts_with("tracing.ca_file"), "{problems:?}");
     }
 
     #[test]

@@ -5,9 +5,12 @@
 //! ```text
 //! Tracing::start(settings, main runtime)   provider: parent-based ratio sampler, resource,
 //!                                           the span queue (batch) → OTLP exporter
-//! Tracing::request(headers, name)           the server span, child of the client's
-//!                                           `traceparent` when it sent one ([`RequestTrace`])
+//! Tracing::request(headers, name)           the sampling decision first ([`sampling`]), then
+//!                                           the server span, child of the client's
+//!                                           `traceparent` when it sent one ([`RequestTrace`]);
+//!                                           an unsampled request gets ids only
 //! RequestTrace::phase(name)                 a phase's span under it ([`Phase`]);
+//! Phase::child(name)                        a span inside a phase (the fair-queue wait);
 //! Phase::inject(headers)                    `traceparent`/`tracestate` for a backend
 //! ```
 //!
@@ -21,16 +24,16 @@
 //! never blocks a request ([`batch`]).
 
 mod batch;
+mod sampling;
 mod span;
 
 use std::time::Duration;
 
-use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::tonic_types::metadata::MetadataMap;
+use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 
@@ -64,6 +67,8 @@ pub struct Settings {
     pub export_interval: Duration,
     /// Bound on one export.
     pub export_timeout: Duration,
+    /// Extra roots (PEM) for an `https` gRPC collector, beside the system's.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 /// Why tracing could not be started.
@@ -78,7 +83,7 @@ pub enum OtelError {
 #[derive(Debug)]
 pub struct Tracing {
     tracer: SdkTracer,
-    propagator: TraceContextPropagator,
+    sampler: sampling::Sampler,
 }
 
 impl Tracing {
@@ -97,6 +102,8 @@ impl Tracing {
         for (k, v) in &settings.resource {
             resource = resource.with_attribute(KeyValue::new(k.clone(), v.clone()));
         }
+        // (the server span's decision is taken before it is built, by `sampling`, and handed
+        // to the SDK; this sampler decides for the phases, which follow their parent)
         let ratio = Sampler::TraceIdRatioBased(settings.sample_ratio);
         let provider = SdkTracerProvider::builder()
             .with_span_processor(batcher)
@@ -107,15 +114,19 @@ impl Tracing {
         let tracer = provider.tracer("sluice");
         Ok(Tracing {
             tracer,
-            propagator: TraceContextPropagator::new(),
+            sampler: sampling::Sampler::new(settings.sample_ratio),
         })
     }
 
-    /// The server span of one request named `name` (`POST /v1/chat/completions`), a child of
-    /// the client's `traceparent` when it sent a valid one.
-    pub fn request(&self, headers: &http::HeaderMap, name: String) -> RequestTrace {
-        let parent = self.propagator.extract(&span::Headers(headers));
-        RequestTrace::start(&self.tracer, &parent, name)
+    /// The server span of one request named `name()` (`POST /v1/chat/completions`), a child
+    /// of the client's `traceparent` when it sent a valid one; for an unsampled request no
+    /// span, and `name` is not called.
+    pub fn request(
+        &self,
+        headers: &http::HeaderMap,
+        name: impl FnOnce() -> String,
+    ) -> RequestTrace {
+        RequestTrace::start(&self.tracer, self.sampler.decide(headers), name)
     }
 }
 
@@ -140,12 +151,19 @@ fn exporter(s: &Settings) -> Result<opentelemetry_otlp::SpanExporter, OtelError>
                     headers.insert(k, v);
                 }
             }
-            builder
+            let builder = builder
                 .with_tonic()
                 .with_endpoint(s.endpoint.clone())
                 .with_timeout(s.export_timeout)
-                .with_metadata(MetadataMap::from_headers(headers))
-                .build()?
+                .with_metadata(MetadataMap::from_headers(headers));
+            if !s.endpoint.starts_with("https://") {
+                return Ok(builder.build()?);
+            }
+            let mut tls = ClientTlsConfig::new().with_native_roots();
+            if let Some(pem) = &s.ca_pem {
+                tls = tls.ca_certificate(Certificate::from_pem(pem));
+            }
+            builder.with_tls_config(tls).build()?
         }
     })
 }

@@ -1,5 +1,8 @@
 //! One request's spans: the server span ([`RequestTrace`]) and its phases' ([`Phase`]), and
-//! the W3C trace context read from and written to HTTP headers.
+//! the client's W3C trace context read from HTTP headers.
+//!
+//! A sampled request has real spans; an unsampled one has none — only the ids its engine is
+//! told ([`super::sampling`]), so its phases cost a pointer copy each.
 //!
 //! Invariant: a span ends once — explicitly at the end of its phase, or when its last handle
 //! is dropped (a client that went away ends the request's spans with it).
@@ -8,94 +11,111 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer};
+use opentelemetry::propagation::Extractor;
+use opentelemetry::trace::{
+    SamplingDecision, SamplingResult, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer,
+};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracer;
 
-/// The request's server span, in the context its phases start under. One pointer wide, so
-/// the access record that carries it stays as small with tracing off.
+use super::sampling::{write_context, Decision, Unsampled};
+
+/// The request's server span, in the context its phases start under, or an unsampled
+/// request's ids. One pointer wide, so the access record that carries it stays as small with
+/// tracing off.
 #[derive(Debug, Clone)]
 pub struct RequestTrace(Arc<Server>);
 
 #[derive(Debug)]
-struct Server {
-    cx: Context,
-    recording: bool,
-    tracer: SdkTracer,
-    started: SystemTime,
+enum Server {
+    Sampled {
+        cx: Context,
+        tracer: SdkTracer,
+        started: SystemTime,
+    },
+    Unsampled(Unsampled),
 }
 
 impl RequestTrace {
-    pub(super) fn start(tracer: &SdkTracer, parent: &Context, name: String) -> RequestTrace {
-        let span = tracer
-            .span_builder(name)
+    /// The server span named `name()` as `decision` says (`name` is called only when it is
+    /// sampled).
+    pub(super) fn start(
+        tracer: &SdkTracer,
+        decision: Decision,
+        name: impl FnOnce() -> String,
+    ) -> RequestTrace {
+        let (parent, trace_id) = match decision {
+            Decision::Drop(ids) => return RequestTrace(Arc::new(Server::Unsampled(ids))),
+            Decision::Sample(parent, trace_id) => (parent, trace_id),
+        };
+        let mut builder = tracer
+            .span_builder(name())
             .with_kind(SpanKind::Server)
-            .start_with_context(tracer, parent);
-        let recording = span.is_recording();
-        RequestTrace(Arc::new(Server {
-            recording,
+            .with_sampling_result(SamplingResult {
+                decision: SamplingDecision::RecordAndSample,
+                attributes: Vec::new(),
+                trace_state: parent.span().span_context().trace_state().clone(),
+            });
+        if let Some(id) = trace_id {
+            builder = builder.with_trace_id(id);
+        }
+        let span = builder.start_with_context(tracer, &parent);
+        RequestTrace(Arc::new(Server::Sampled {
             cx: parent.with_span(span),
             tracer: tracer.clone(),
             started: SystemTime::now(),
         }))
     }
 
-    /// The trace and span ids in hex (for the access log); `None` when the span is invalid.
-    pub fn ids(&self) -> Option<(String, String)> {
-        let sc = self.0.cx.span().span_context().clone();
-        sc.is_valid()
-            .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+    /// The trace and span ids (for the access log, which formats them only when it writes);
+    /// `None` when the span is invalid.
+    pub fn ids(&self) -> Option<(TraceId, SpanId)> {
+        match &*self.0 {
+            Server::Sampled { cx, .. } => {
+                let span = cx.span();
+                let sc = span.span_context();
+                sc.is_valid().then(|| (sc.trace_id(), sc.span_id()))
+            }
+            Server::Unsampled(u) => Some((u.trace_id, u.span_id)),
+        }
     }
 
     /// Whether the server span is sampled (recorded and exported). An unsampled request
-    /// still carries its context to the engine, but makes no phase span and builds no
-    /// attribute.
+    /// still carries its context to the engine, but makes no span and builds no attribute.
     pub fn recording(&self) -> bool {
-        self.0.recording
+        matches!(&*self.0, Server::Sampled { .. })
     }
 
     /// Set attributes on the server span; `attributes` is called only when it is recorded.
     pub fn set<I: IntoIterator<Item = KeyValue>>(&self, attributes: impl FnOnce() -> I) {
-        if self.0.recording {
-            self.0.cx.span().set_attributes(attributes());
+        if let Server::Sampled { cx, .. } = &*self.0 {
+            cx.span().set_attributes(attributes());
         }
     }
 
     /// An event on the server span, `after` its start (the first token).
     pub fn event_after(&self, name: &'static str, after: Duration) {
-        let at = self.0.started + after;
-        self.0
-            .cx
-            .span()
-            .add_event_with_timestamp(name, at, Vec::new());
+        if let Server::Sampled { cx, started, .. } = &*self.0 {
+            cx.span()
+                .add_event_with_timestamp(name, *started + after, Vec::new());
+        }
     }
 
-    /// A phase's span under the server span (for an unsampled request, the server span's
-    /// context itself: nothing is recorded, the engine is still told the trace).
+    /// A phase's span under the server span (for an unsampled request, no span: the engine
+    /// is still told the trace).
     pub fn phase(&self, name: &'static str) -> Phase {
-        if !self.0.recording {
-            return Phase {
-                cx: self.0.cx.clone(),
-                recording: false,
-            };
-        }
-        let span = self
-            .0
-            .tracer
-            .span_builder(name)
-            .with_kind(SpanKind::Internal)
-            .start_with_context(&self.0.tracer, &self.0.cx);
-        Phase {
-            cx: self.0.cx.with_span(span),
-            recording: true,
+        match &*self.0 {
+            Server::Sampled { cx, tracer, .. } => Phase::under(tracer, cx, name),
+            Server::Unsampled(_) => Phase(Inner::Unsampled(self.clone())),
         }
     }
 
     /// End the server span with the request's status and, for a failure, its `error.type`.
     pub fn end(&self, status: u16, error: Option<&str>) {
-        let span = self.0.cx.span();
+        let Server::Sampled { cx, .. } = &*self.0 else {
+            return;
+        };
+        let span = cx.span();
         span.set_attribute(KeyValue::new(
             "http.response.status_code",
             i64::from(status),
@@ -110,44 +130,88 @@ impl RequestTrace {
     }
 }
 
-/// A phase's span (admission, routing, an attempt, the stream, a continuation).
+/// A phase's span (admission, routing, the fair-queue wait, an attempt, the stream, a
+/// continuation), or, for an unsampled request, its trace context only.
 #[derive(Debug, Clone)]
-pub struct Phase {
-    cx: Context,
-    /// Its own span, recorded (false: the unsampled server span's context, never ended here).
-    recording: bool,
+pub struct Phase(Inner);
+
+#[derive(Debug, Clone)]
+enum Inner {
+    /// Its own span, recorded.
+    Recorded { cx: Context, tracer: SdkTracer },
+    /// An unsampled request's: no span, never ended here.
+    Unsampled(RequestTrace),
 }
 
 impl Phase {
+    /// A recorded span named `name` under the span of `parent`.
+    fn under(tracer: &SdkTracer, parent: &Context, name: &'static str) -> Phase {
+        let span = tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Internal)
+            .start_with_context(tracer, parent);
+        Phase(Inner::Recorded {
+            cx: parent.with_span(span),
+            tracer: tracer.clone(),
+        })
+    }
+
+    /// The recorded span's context.
+    fn recorded(&self) -> Option<&Context> {
+        match &self.0 {
+            Inner::Recorded { cx, .. } => Some(cx),
+            Inner::Unsampled(_) => None,
+        }
+    }
+
+    /// A span under this one (`None` when this one is not recorded: nothing to nest in).
+    pub fn child(&self, name: &'static str) -> Option<Phase> {
+        match &self.0 {
+            Inner::Recorded { cx, tracer } => Some(Phase::under(tracer, cx, name)),
+            Inner::Unsampled(_) => None,
+        }
+    }
+
     /// Set attributes on the phase's span; `attributes` is called only when it is recorded.
     pub fn set<I: IntoIterator<Item = KeyValue>>(&self, attributes: impl FnOnce() -> I) {
-        if self.recording {
-            self.cx.span().set_attributes(attributes());
+        if let Some(cx) = self.recorded() {
+            cx.span().set_attributes(attributes());
         }
     }
 
     /// The phase failed: `error.type` and an error status.
     pub fn fail(&self, error_type: &str) {
-        if !self.recording {
+        let Some(cx) = self.recorded() else {
             return;
-        }
-        let span = self.cx.span();
+        };
+        let span = cx.span();
         span.set_attribute(KeyValue::new("error.type", error_type.to_string()));
         span.set_status(Status::error(Cow::Owned(error_type.to_string())));
     }
 
     /// Write this span's context as `traceparent` (and `tracestate`) into a backend's
-    /// request headers, replacing what the client sent: the engine's span is this one's child.
+    /// request headers, replacing what the client sent: the engine's span is this one's child
+    /// (an unsampled request's: the child of the span id Sluice stands for, flag `00`).
     pub fn inject(&self, headers: &mut http::HeaderMap) {
-        headers.remove("traceparent");
-        headers.remove("tracestate");
-        TraceContextPropagator::new().inject_context(&self.cx, &mut HeadersMut(headers));
+        match &self.0 {
+            Inner::Recorded { cx, .. } => {
+                let span = cx.span();
+                let sc = span.span_context();
+                let (trace, id) = (sc.trace_id(), sc.span_id());
+                write_context(headers, trace, id, sc.is_sampled(), sc.trace_state());
+            }
+            Inner::Unsampled(trace) => {
+                if let Server::Unsampled(u) = &*trace.0 {
+                    write_context(headers, u.trace_id, u.span_id, false, &u.state);
+                }
+            }
+        }
     }
 
     /// End the span now.
     pub fn end(&self) {
-        if self.recording {
-            self.cx.span().end();
+        if let Some(cx) = self.recorded() {
+            cx.span().end();
         }
     }
 }
@@ -162,19 +226,5 @@ impl Extractor for Headers<'_> {
 
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(|k| k.as_str()).collect()
-    }
-}
-
-/// Headers the propagator writes.
-struct HeadersMut<'a>(&'a mut http::HeaderMap);
-
-impl Injector for HeadersMut<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if let (Ok(k), Ok(v)) = (
-            http::HeaderName::from_bytes(key.as_bytes()),
-            http::HeaderValue::from_str(&value),
-        ) {
-            self.0.insert(k, v);
-        }
     }
 }

@@ -31,9 +31,17 @@ pub struct Span {
     pub events: Vec<String>,
     /// The resource's `service.name`.
     pub service: String,
+    /// Start and end, nanoseconds since the Unix epoch.
+    pub start_ns: u64,
+    pub end_ns: u64,
 }
 
 impl Span {
+    /// How long the span lasted, in milliseconds.
+    pub fn duration_ms(&self) -> f64 {
+        self.end_ns.saturating_sub(self.start_ns) as f64 / 1e6
+    }
+
     /// The attribute `key` as text; panics naming the span when it is missing.
     pub fn attr(&self, key: &str) -> &str {
         self.attrs
@@ -214,6 +222,8 @@ fn flatten(req: ExportTraceServiceRequest) -> Vec<Span> {
                     status: s.status.map(|st| st.code).unwrap_or(0),
                     events: s.events.into_iter().map(|e| e.name).collect(),
                     service: service.clone(),
+                    start_ns: s.start_time_unix_nano,
+                    end_ns: s.end_time_unix_nano,
                 });
             }
         }
