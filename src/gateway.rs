@@ -186,14 +186,31 @@ impl Gateway {
     }
 }
 
-/// Tracing as `settings` say (`None`: off), its export task on `main`. A provider that cannot
-/// be built leaves tracing off, with the reason logged.
+/// Tracing as `settings` say (`None`: off), its export task on `main`; an `https` collector
+/// trusted as an https backend is, by the system's roots and its `ca_file`. A provider that
+/// cannot be built leaves tracing off, with the reason logged.
 fn start_tracing(
     settings: Option<&Settings>,
     main: &tokio::runtime::Handle,
 ) -> Option<Arc<Tracing>> {
     let settings = settings?;
-    match Tracing::start(settings, main) {
+    let tls = if settings.endpoint.starts_with("https://") {
+        let extra = settings
+            .ca_pem
+            .as_deref()
+            .map(|pem| crate::tls::ca_roots("tracing.ca_file", pem))
+            .transpose();
+        match extra.and_then(|extra| crate::tls::client_config_with(true, extra)) {
+            Ok(tls) => Some(tls),
+            Err(e) => {
+                tracing::error!("tracing is off: the collector's TLS: {e}");
+                return None;
+            }
+        }
+    } else {
+        None
+    };
+    match Tracing::start(settings, tls, main) {
         Ok(t) => Some(Arc::new(t)),
         Err(e) => {
             tracing::error!("tracing is off: {e}");

@@ -1,13 +1,15 @@
-//! TLS material from plain inputs (paths, flags): CA bundles, the server certificate and key,
-//! and the rustls client configuration towards `https://` backends.
+//! TLS material from plain inputs (paths, flags, PEM bytes): CA bundles, the server certificate
+//! and key, and the rustls client configuration towards `https://` backends and an `https` OTLP
+//! collector.
 //!
 //! This module holds no state and knows no config types: the listener's live certificate and
 //! its reload watch are in `server::tls`, the backend client configuration of a fleet is built
-//! by `upstream` from the config snapshot.
+//! by `upstream` from the config snapshot, the collector's by `gateway` when tracing starts.
 //!
 //! Invariants: all crypto is rustls with the ring provider; nothing here panics on file content
 //! (every PEM problem is an error string naming the file).
 
+use std::fmt::Display;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -25,12 +27,12 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
-fn certs_from(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+/// The certificates of a PEM file, `name` (its path) naming it in errors.
+fn certs_from(name: &dyn Display, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(pem).collect();
-    let certs =
-        certs.map_err(|e| format!("{}: not a PEM certificate file: {e}", path.display()))?;
+    let certs = certs.map_err(|e| format!("{name}: not a PEM certificate file: {e}"))?;
     if certs.is_empty() {
-        return Err(format!("{}: no certificate in it", path.display()));
+        return Err(format!("{name}: no certificate in it"));
     }
     Ok(certs)
 }
@@ -38,15 +40,20 @@ fn certs_from(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, S
 /// A CA bundle as a root store.
 pub fn load_ca(path: &Path) -> Result<RootCertStore, String> {
     let pem = read(path)?;
-    roots_from(path, &pem)
+    roots_from(&path.display(), &pem)
 }
 
-fn roots_from(path: &Path, pem: &[u8]) -> Result<RootCertStore, String> {
+/// A CA bundle already read (PEM) as a root store, `name` naming it in errors.
+pub fn ca_roots(name: &str, pem: &[u8]) -> Result<RootCertStore, String> {
+    roots_from(&name, pem)
+}
+
+fn roots_from(name: &dyn Display, pem: &[u8]) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
-    for cert in certs_from(path, pem)? {
+    for cert in certs_from(name, pem)? {
         roots
             .add(cert)
-            .map_err(|e| format!("{}: unusable CA certificate: {e}", path.display()))?;
+            .map_err(|e| format!("{name}: unusable CA certificate: {e}"))?;
     }
     Ok(roots)
 }
@@ -91,7 +98,7 @@ impl Material {
 
     /// The server configuration these files make, offering ALPN `h2` then `http/1.1`.
     pub fn server_config(&self, f: ServerFiles<'_>) -> Result<rustls::ServerConfig, String> {
-        let certs = certs_from(f.cert, &self.cert)?;
+        let certs = certs_from(&f.cert.display(), &self.cert)?;
         let key = PrivateKeyDer::from_pem_slice(&self.key)
             .map_err(|e| format!("{}: not a PEM private key: {e}", f.key.display()))?;
         let builder = rustls::ServerConfig::builder_with_provider(provider())
@@ -99,7 +106,7 @@ impl Material {
             .map_err(|e| format!("TLS versions: {e}"))?;
         let builder = match (f.client_ca, &self.client_ca) {
             (Some(path), Some(pem)) => {
-                let roots = roots_from(path, pem)?;
+                let roots = roots_from(&path.display(), pem)?;
                 let verifier =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                         .build()
@@ -131,16 +138,25 @@ pub fn client_config(
     system_roots: bool,
     ca_file: Option<&Path>,
 ) -> Result<rustls::ClientConfig, String> {
+    let extra = ca_file.map(load_ca).transpose()?;
+    client_config_with(system_roots, extra)
+}
+
+/// The rustls client configuration trusting the system's roots when `system_roots`, plus
+/// `extra` (a CA bundle already loaded, [`load_ca`] or [`ca_roots`]); no ALPN (the connector
+/// sets its own).
+pub fn client_config_with(
+    system_roots: bool,
+    extra: Option<RootCertStore>,
+) -> Result<rustls::ClientConfig, String> {
     let mut roots = RootCertStore::empty();
     if system_roots {
         for cert in rustls_native_certs::load_native_certs().certs {
             let _ = roots.add(cert);
         }
     }
-    if let Some(path) = ca_file {
-        for cert in load_ca(path)?.roots {
-            roots.roots.push(cert);
-        }
+    if let Some(extra) = extra {
+        roots.roots.extend(extra.roots);
     }
     Ok(rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()

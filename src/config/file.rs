@@ -125,7 +125,7 @@ pub struct TracingSection {
     pub export_interval: Option<String>,
     /// Bound on one export (default `10s`).
     pub export_timeout: Option<String>,
-    /// Extra roots (PEM) for an `https` collector, beside the system's (gRPC only).
+    /// Extra roots (PEM) for an `https` collector, beside the system's (either protocol).
     pub ca_file: Option<String>,
 }
 

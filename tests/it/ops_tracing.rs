@@ -1,8 +1,10 @@
 //! OpenTelemetry traces (issue 32): Sluice's spans received by an OTLP/HTTP receiver and
 //! checked field by field — the client's `traceparent` honoured, each phase a span, a
 //! failover as two attempts with the reason, a continued stream as a span of its trace, the
-//! attempt's context passed to the engine (the simulator records it, as vLLM takes it), and a
-//! collector that is down leaving requests unaffected with the dropped spans counted.
+//! attempt's context passed to the engine (the simulator records it, as vLLM takes it), a
+//! collector that is down or untrusted leaving requests unaffected with the dropped spans
+//! counted, and export to gRPC and `https` collectors (OTLP/HTTP and gRPC over TLS, the
+//! certificate checked against `ca_file`).
 
 use std::time::Duration;
 
@@ -376,6 +378,15 @@ async fn a_continued_stream_is_a_continuation_span_of_its_trace() {
     );
 }
 
+/// `sluice_otel_spans_dropped_total{reason="export_failed"}` in a metrics page.
+fn dropped(text: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with("sluice_otel_spans_dropped_total{reason=\"export_failed\"}"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_that_is_down_drops_and_counts_spans_and_nothing_else() {
     let nobody = free_port();
@@ -384,13 +395,6 @@ async fn a_collector_that_is_down_drops_and_counts_spans_and_nothing_else() {
     );
     let a = sim(SimKind::Vllm, &[MODEL]).await;
     let g = gateway(&[("a", a.url())], &tracing).await;
-    let dropped = |text: &str| -> u64 {
-        text.lines()
-            .filter(|l| l.starts_with("sluice_otel_spans_dropped_total{reason=\"export_failed\"}"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .map(|v| v as u64)
-            .sum()
-    };
     let before = dropped(&g.metrics_text().await);
     for _ in 0..5 {
         let (_, _, header) = client_context(true);
@@ -439,9 +443,9 @@ async fn spans_reach_a_grpc_collector() {
     );
 }
 
-/// A TLS terminator speaking HTTP/2 (ALPN `h2`) in front of `to`, with a certificate for
-/// `localhost` signed by a CA made here; returns its address and the CA's PEM.
-async fn tls_front(to: std::net::SocketAddr) -> (std::net::SocketAddr, String) {
+/// A TLS terminator offering ALPN `alpn` in front of `to`, with a certificate for `localhost`
+/// and 127.0.0.1 signed by a CA made here; returns its address and the CA's PEM.
+async fn tls_front(to: std::net::SocketAddr, alpn: &[u8]) -> (std::net::SocketAddr, String) {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
     let ca_key = KeyPair::generate().unwrap();
@@ -451,7 +455,8 @@ async fn tls_front(to: std::net::SocketAddr) -> (std::net::SocketAddr, String) {
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = ca.self_signed(&ca_key).unwrap();
     let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let leaf = CertificateParams::new(names).unwrap();
     let leaf = leaf.signed_by(&key, &ca, &ca_key).unwrap();
     let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
@@ -461,7 +466,7 @@ async fn tls_front(to: std::net::SocketAddr) -> (std::net::SocketAddr, String) {
         .with_no_client_auth()
         .with_single_cert(vec![CertificateDer::from(leaf.der().to_vec())], der)
         .unwrap();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    cfg.alpn_protocols = vec![alpn.to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(cfg));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -486,7 +491,7 @@ async fn tls_front(to: std::net::SocketAddr) -> (std::net::SocketAddr, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_an_https_grpc_collector() {
     let receiver = Receiver::start_grpc().await;
-    let (front, ca) = tls_front(receiver.addr).await;
+    let (front, ca) = tls_front(receiver.addr, b"h2").await;
     let dir = tempfile::tempdir().unwrap();
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, ca).unwrap();
@@ -505,12 +510,73 @@ async fn spans_reach_an_https_grpc_collector() {
         one(&spans, "POST /v1/chat/completions").parent_span_id,
         parent
     );
-    // Over plain http/protobuf, https is refused with the way out.
-    let refused = "[tracing]\notlp_endpoint = \"https://localhost:4318\"\n";
-    let err = sluice::config::from_str(refused, "t.toml")
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("protocol = \"grpc\""), "{err}");
+}
+
+/// An `https` collector over OTLP/HTTP (protobuf), its certificate (for 127.0.0.1) checked
+/// against `ca_file`: the spans arrive and decode as over http.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_https_http_collector() {
+    let receiver = Receiver::start().await;
+    let (front, ca) = tls_front(receiver.addr, b"http/1.1").await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = \"https://127.0.0.1:{}\"\nprotocol = \"http/protobuf\"\nexport_interval = \"50ms\"\nca_file = \"{}\"\n",
+        front.port(),
+        ca_file.display()
+    );
+    let g = gateway(&[("a", a.url())], &tracing).await;
+    let (trace, parent, header) = client_context(true);
+    let (status, text) = chat(&g, &header, true).await;
+    assert_eq!(status, 200, "{text}");
+    let spans = receiver.trace(&trace, has_server).await;
+    no_prompt(&spans);
+    let server = one(&spans, "POST /v1/chat/completions");
+    assert_eq!(server.parent_span_id, parent);
+    assert_eq!(server.service, "sluice");
+    assert_eq!(server.attr("sluice.stream"), "true");
+    assert_eq!(
+        one(&spans, "sluice.attempt").attr("sluice.attempt.outcome"),
+        "answered"
+    );
+}
+
+/// An `https` collector whose certificate nothing trusted signed (no `ca_file`), over either
+/// protocol: requests are unaffected, and the spans are dropped and counted, never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_https_collector_gets_no_spans_and_they_are_counted() {
+    let a = sim(SimKind::Vllm, &[MODEL]).await;
+    for (protocol, receiver, alpn) in [
+        ("http/protobuf", Receiver::start().await, &b"http/1.1"[..]),
+        ("grpc", Receiver::start_grpc().await, &b"h2"[..]),
+    ] {
+        let (front, _ca) = tls_front(receiver.addr, alpn).await;
+        let tracing = format!(
+            "[tracing]\notlp_endpoint = \"https://127.0.0.1:{}\"\nprotocol = \"{protocol}\"\nexport_interval = \"20ms\"\nexport_timeout = \"2s\"\n",
+            front.port()
+        );
+        let g = gateway(&[("a", a.url())], &tracing).await;
+        let before = dropped(&g.metrics_text().await);
+        for _ in 0..5 {
+            let (_, _, header) = client_context(true);
+            let (status, text) = chat(&g, &header, false).await;
+            assert_eq!(status, 200, "{protocol}: {text}");
+        }
+        let what = format!("{protocol}: spans counted as dropped");
+        eventually(Duration::from_secs(10), what, || {
+            let g = &g;
+            async move { dropped(&g.metrics_text().await) >= before + 5 }
+        })
+        .await;
+        // (the front forwards nothing before a handshake the exporter refused to finish)
+        assert!(
+            receiver.spans().is_empty(),
+            "{protocol}: {:?}",
+            receiver.spans()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

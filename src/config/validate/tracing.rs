@@ -2,8 +2,8 @@
 //! standard environment (`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`, `…_PROTOCOL`, `…_HEADERS`,
 //! `…_TIMEOUT`, `…_CERTIFICATE`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_TRACES_SAMPLER_ARG`, `OTEL_SDK_DISABLED`). Off unless an endpoint is named, in the
-//! file or the environment. An `https` collector is reached over gRPC only (OTLP/HTTP over
-//! TLS is not built in), with the system's roots and the `ca_file`'s, read and checked here.
+//! file or the environment. An `https` collector, over either protocol, is trusted by the
+//! system's roots and the `ca_file`'s (read and checked here).
 //!
 //! Invariant: the file wins over the environment, key by key; a value from either that is
 //! out of range is a problem naming where it came from.
@@ -175,17 +175,7 @@ fn endpoint(
         },
     };
     match url.parse::<http::Uri>() {
-        Ok(u) if u.scheme_str() == Some("http") && u.host().is_some() => {}
-        Ok(u) if u.scheme_str() == Some("https") && u.host().is_some() => {
-            if proto == Protocol::HttpProtobuf {
-                p.push(
-                    at,
-                    "an https collector needs protocol = \"grpc\" (OTLP/HTTP over TLS is not \
-                     built in): use gRPC, or a local collector over http",
-                );
-                return None;
-            }
-        }
+        Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => {}
         _ => {
             p.push(
                 at,
@@ -403,9 +393,14 @@ mod tests {
     fn bad_values_are_problems() {
         for (toml, at) in [
             ("otlp_endpoint = \"c:4318\"", "tracing.otlp_endpoint"),
+            ("otlp_endpoint = \"ftp://c:4318\"", "tracing.otlp_endpoint"),
             (
-                "otlp_endpoint = \"https://c:4318\"",
+                "otlp_endpoint = \"https:///v1/traces\"",
                 "tracing.otlp_endpoint",
+            ),
+            (
+                "otlp_endpoint = \"https://c\"\nprotocol = \"http/json\"",
+                "tracing.protocol",
             ),
             (
                 "otlp_endpoint = \"http://c\"\nprotocol = \"http/json\"",
@@ -443,21 +438,46 @@ mod tests {
         );
     }
 
-    /// An https collector over gRPC, with extra roots from the file or the standard variable;
-    /// a CA file that cannot be read is a problem naming where it came from.
+    /// An https collector over either protocol, with extra roots from the file or the
+    /// standard variables (the signal's first); a CA file that cannot be read is a problem
+    /// naming where it came from.
     #[test]
-    fn an_https_collector_takes_grpc_and_extra_roots() {
+    fn an_https_collector_takes_either_protocol_and_extra_roots() {
         let (s, problems) = run(
             "otlp_endpoint = \"https://c:4317\"\nprotocol = \"grpc\"",
             &[],
         );
         assert!(problems.is_empty(), "{problems:?}");
-        assert_eq!(s.unwrap().ca_pem, None);
+        let s = s.unwrap();
+        assert_eq!((s.endpoint.as_str(), s.ca_pem), ("https://c:4317", None));
+        // OTLP/HTTP over TLS: the traces path added as over http, the roots read now.
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let pem = params.self_signed(&key).unwrap().pem();
+        std::fs::write(&ca, &pem).unwrap();
+        let ca = ca.display().to_string();
+        let file = format!("otlp_endpoint = \"https://c:4318\"\nca_file = \"{ca}\"");
+        let (s, problems) = run(&file, &[]);
+        assert!(problems.is_empty(), "{problems:?}");
+        let s = s.unwrap();
+        assert_eq!(s.endpoint, "https://c:4318/v1/traces");
+        assert_eq!(s.protocol, Protocol::HttpProtobuf);
+        assert_eq!(s.ca_pem.as_deref(), Some(pem.as_bytes()));
+        let env = [
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://c/v1/traces"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", ca.as_str()),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem"),
+        ];
+        let (s, problems) = run("", &env);
+        assert!(problems.is_empty(), "{problems:?}");
+        let s = s.unwrap();
+        assert_eq!(s.endpoint, "https://c/v1/traces");
+        assert_eq!(s.ca_pem.as_deref(), Some(pem.as_bytes()));
         let missing = [("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem")];
-        let (_, problems) = run(
-            "otlp_endpoint = \"https://c\"\nprotocol = \"grpc\"",
-            &missing,
-        );
+        let (_, problems) = run("otlp_endpoint = \"https://c\"", &missing);
         assert!(
             problems[0].starts_with("OTEL_EXPORTER_OTLP_CERTIFICATE"),
             "{problems:?}"

@@ -3,8 +3,10 @@
 //! every backend attempt, so an engine's own span (vLLM's) joins the client's trace.
 //!
 //! ```text
-//! Tracing::start(settings, main runtime)   provider: parent-based ratio sampler, resource,
-//!                                           the span queue (batch) → OTLP exporter
+//! Tracing::start(settings, tls, runtime)    provider: parent-based ratio sampler, resource,
+//!                                           the span queue (batch) → OTLP exporter (for an
+//!                                           https collector, hyper-rustls's connector with
+//!                                           the caller's rustls config, under either protocol)
 //! Tracing::request(headers, name)           the sampling decision first ([`sampling`]), then
 //!                                           the server span, child of the client's
 //!                                           `traceparent` when it sent one ([`RequestTrace`]);
@@ -21,7 +23,9 @@
 //! Invariants: with tracing off nothing here runs — the request path holds `None` and makes
 //! no span, no allocation; a span never carries a key or prompt text, only the attribute
 //! names of the OpenTelemetry GenAI conventions and Sluice's own (`sluice.*`); exporting
-//! never blocks a request ([`batch`]).
+//! never blocks a request ([`batch`]); an `https` collector, over either protocol, is reached
+//! only with the rustls client config `Tracing::start` is given (its trust is the caller's:
+//! the system's roots and `ca_pem`), never unverified.
 
 mod batch;
 mod sampling;
@@ -29,10 +33,10 @@ mod span;
 
 use std::time::Duration;
 
+use hyper_util::client::legacy::connect::HttpConnector;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::tonic_types::metadata::MetadataMap;
-use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
@@ -67,7 +71,8 @@ pub struct Settings {
     pub export_interval: Duration,
     /// Bound on one export.
     pub export_timeout: Duration,
-    /// Extra roots (PEM) for an `https` gRPC collector, beside the system's.
+    /// Extra roots (PEM) for an `https` collector, beside the system's (turned into the rustls
+    /// config [`Tracing::start`] is given by its caller).
     pub ca_pem: Option<Vec<u8>>,
 }
 
@@ -76,6 +81,10 @@ pub struct Settings {
 pub enum OtelError {
     #[error("cannot build the OTLP exporter: {0}")]
     Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+    #[error("`{0}` is not a collector URL: {1}")]
+    Endpoint(String, String),
+    #[error("an https collector needs a TLS configuration")]
+    NoTls,
 }
 
 /// A gateway's tracing: its tracer (which keeps its provider, and so the span queue, alive
@@ -87,14 +96,16 @@ pub struct Tracing {
 }
 
 impl Tracing {
-    /// Build the exporter and the provider, and start the export task on `runtime`.
+    /// Build the exporter and the provider, and start the export task on `runtime`. `tls` is
+    /// how an `https` collector is trusted (required for one, unused over `http`).
     pub fn start(
         settings: &Settings,
+        tls: Option<rustls::ClientConfig>,
         runtime: &tokio::runtime::Handle,
     ) -> Result<Tracing, OtelError> {
         // gRPC's channel and the HTTP client are made inside the runtime that runs them.
         let _entered = runtime.enter();
-        let exporter = exporter(settings)?;
+        let exporter = exporter(settings, tls)?;
         let batcher = batch::Batcher::new(exporter, settings.queue_size);
         let starter = batcher.starter();
         let mut resource =
@@ -130,16 +141,37 @@ impl Tracing {
     }
 }
 
-fn exporter(s: &Settings) -> Result<opentelemetry_otlp::SpanExporter, OtelError> {
+fn exporter(
+    s: &Settings,
+    tls: Option<rustls::ClientConfig>,
+) -> Result<opentelemetry_otlp::SpanExporter, OtelError> {
+    let tls = if s.endpoint.starts_with("https://") {
+        Some(tls.ok_or(OtelError::NoTls)?)
+    } else {
+        None
+    };
     let builder = opentelemetry_otlp::SpanExporter::builder();
     Ok(match s.protocol {
-        Protocol::HttpProtobuf => builder
-            .with_http()
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_endpoint(s.endpoint.clone())
-            .with_timeout(s.export_timeout)
-            .with_headers(s.headers.iter().cloned().collect())
-            .build()?,
+        Protocol::HttpProtobuf => {
+            let builder = builder
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(s.endpoint.clone())
+                .with_timeout(s.export_timeout)
+                .with_headers(s.headers.iter().cloned().collect());
+            let Some(tls) = tls else {
+                return Ok(builder.build()?);
+            };
+            // The client the exporter would make (HTTP/1.1, each export bounded by the
+            // timeout), over TLS with `tls`.
+            let connector = https_connector(tls)
+                .https_only()
+                .enable_http1()
+                .wrap_connector(http_connector(s));
+            let client =
+                opentelemetry_http::hyper::HyperClient::new(connector, s.export_timeout, None);
+            builder.with_http_client(client).build()?
+        }
         Protocol::Grpc => {
             let mut headers = http::HeaderMap::new();
             for (k, v) in &s.headers {
@@ -156,14 +188,45 @@ fn exporter(s: &Settings) -> Result<opentelemetry_otlp::SpanExporter, OtelError>
                 .with_endpoint(s.endpoint.clone())
                 .with_timeout(s.export_timeout)
                 .with_metadata(MetadataMap::from_headers(headers));
-            if !s.endpoint.starts_with("https://") {
+            let Some(tls) = tls else {
                 return Ok(builder.build()?);
-            }
-            let mut tls = ClientTlsConfig::new().with_native_roots();
-            if let Some(pem) = &s.ca_pem {
-                tls = tls.ca_certificate(Certificate::from_pem(pem));
-            }
-            builder.with_tls_config(tls).build()?
+            };
+            builder.with_channel(tls_channel(s, tls)?).build()?
         }
     })
+}
+
+/// A gRPC channel to an `https` collector: HTTP/2 (ALPN `h2`) over rustls with `tls`, connected
+/// on first export, each export bounded as the exporter's own channel bounds it.
+fn tls_channel(
+    s: &Settings,
+    tls: rustls::ClientConfig,
+) -> Result<tonic::transport::Channel, OtelError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(s.endpoint.clone())
+        .map_err(|e| OtelError::Endpoint(s.endpoint.clone(), e.to_string()))?
+        .timeout(s.export_timeout);
+    let connector = https_connector(tls)
+        .https_only()
+        .enable_http2()
+        .wrap_connector(http_connector(s));
+    Ok(endpoint.connect_with_connector_lazy(connector))
+}
+
+/// hyper-rustls's connector over `tls`, its ALPN still to be chosen by the protocol.
+fn https_connector(
+    mut tls: rustls::ClientConfig,
+) -> hyper_rustls::HttpsConnectorBuilder<hyper_rustls::builderstates::WantsSchemes> {
+    // (the connector sets ALPN itself, and will not take a config that already has it)
+    tls.alpn_protocols.clear();
+    hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls)
+}
+
+/// The TCP connector under TLS: `https` URLs allowed, no Nagle delay, a connection attempt
+/// bounded by the export timeout.
+fn http_connector(s: &Settings) -> HttpConnector {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(s.export_timeout));
+    http
 }
