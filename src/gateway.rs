@@ -51,6 +51,8 @@ pub struct Gateway {
     ready: AtomicBool,
     /// Requests waiting for a backend slot (outlives reloads).
     pub queue: Arc<WaitQueue>,
+    /// Interactive requests' asks for the slots background ones hold.
+    pub make_room: crate::fleet::make_room::MakeRoom,
     /// Members registered through the admin API (outlive reloads).
     pub registrations: Registrations,
     /// Members found through DNS (outlive reloads).
@@ -97,6 +99,7 @@ impl Gateway {
             health: Mutex::new(monitor),
             ready: AtomicBool::new(true),
             queue: WaitQueue::new(),
+            make_room: Default::default(),
             registrations: Registrations::default(),
             discovered: Discovered::default(),
             rebuild_lock: Mutex::new(()),

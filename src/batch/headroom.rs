@@ -1,30 +1,63 @@
-//! Whether the fleet has room for one more batch line now, by the signals routing already
-//! has: no interactive request waits in the gateway's queue, and some candidate of the line's
-//! model is routable, below its concurrency cap, and would not queue the request inside its
-//! engine ([`would_queue`]: the batch is full by the gateway's count or the engine's, or the
-//! engine reports requests waiting).
+//! How many batch lines the fleet has room for now, by the signals routing already has.
 //!
-//! Invariant: a line that leaves a model with no free batch slot is never dispatched, so an
-//! interactive request that arrives next finds a slot; a line the request path will refuse at
-//! once (no model, an unknown one) has nothing to wait for.
+//! Room for a model is the free batch slots of its routable candidates
+//! ([`free_slots`]: by the gateway's count or the engine's, none while the engine reports a
+//! request waiting) less one kept for the next interactive request, and none at all while an
+//! interactive request waits in the gateway's queue.
+//!
+//! Invariants: a line that would leave a model without a free slot is never started; lines
+//! started in one dispatch round are taken off that round's room, because a line holds no
+//! slot in the gateway's count until its task is routed; a line the request path will refuse
+//! at once (no model, an unknown one) has nothing to wait for.
+//!
+//! [`free_slots`]: crate::routing::score::free_slots
+
+use std::collections::HashMap;
 
 use crate::gateway::Gateway;
-use crate::routing::score::would_queue;
+use crate::routing::score::free_slots;
 
-/// Room for one line of `model` now.
-pub fn has_room(gw: &Gateway, model: Option<&str>) -> bool {
-    if !gw.queue.is_empty() {
-        return false;
+/// Batch slots of a model kept free for the next interactive request.
+const KEEP_FREE: usize = 1;
+
+/// One dispatch round's room: made afresh for each round, it counts the lines started in
+/// this one, per model (those of earlier rounds count in the gateway's own count once their
+/// tasks have routed them, normally long before the next round).
+#[derive(Debug, Default)]
+pub struct Headroom {
+    this_round: HashMap<String, usize>,
+}
+
+impl Headroom {
+    /// Whether one more line of `model` may start now; if so it is counted in this round.
+    pub fn take(&mut self, gw: &Gateway, model: Option<&str>) -> bool {
+        if !gw.queue.is_empty() {
+            return false;
+        }
+        let Some(model) = model else {
+            return true;
+        };
+        let Some(free) = free_for(gw, model) else {
+            return true;
+        };
+        let started = self.this_round.entry(model.to_string()).or_default();
+        if free.saturating_sub(KEEP_FREE) <= *started {
+            return false;
+        }
+        *started += 1;
+        true
     }
-    let Some(model) = model else {
-        return true;
-    };
+}
+
+/// Free batch slots of `model`'s routable candidates; `None`: no such model.
+fn free_for(gw: &Gateway, model: &str) -> Option<usize> {
     let rt = gw.runtime();
-    let Some(resolved) = rt.fleet.resolve(model) else {
-        return true;
-    };
-    resolved
+    let resolved = rt.fleet.resolve(model)?;
+    let free: f64 = resolved
         .candidates
         .iter()
-        .any(|(b, served)| b.state.routable() && b.has_slot() && !would_queue(b, served))
+        .filter(|(b, _)| b.state.routable())
+        .map(|(b, served)| free_slots(b, served).floor())
+        .sum();
+    Some(free as usize)
 }

@@ -4,8 +4,10 @@
 //! OpenAI writes it to the error file.
 //!
 //! Invariant: a line's result is produced here and recorded by the caller; a line answered
-//! 429 or 503 (limits, capacity), or whose answer cannot be read, has no result and comes
-//! back to the caller to run again.
+//! 429 or 503 (limits, capacity), whose answer cannot be read, or that gave its slot to an
+//! interactive request ([`MakeRoom`]) has no result and comes back to the caller to run again.
+//!
+//! [`MakeRoom`]: crate::fleet::make_room::MakeRoom
 
 use std::time::Duration;
 
@@ -20,6 +22,7 @@ use super::store::LineResult;
 use super::{BatchError, Batches};
 use crate::api::ClientApi;
 use crate::auth::ActingAs;
+use crate::fleet::make_room::Background;
 use crate::gateway::Gateway;
 use crate::telemetry::metrics as m;
 
@@ -149,43 +152,30 @@ pub fn expired_line(l: &Line) -> LineResult {
     })
 }
 
-/// Run one line through the request path as the batch's key: its result, or the line back.
+/// Run one line through the request path as the batch's key, in the background: its result,
+/// or the line back (refused for now, or stopped to give its slot to an interactive request).
 pub async fn execute(gw: std::sync::Arc<Gateway>, job: &JobRef, line: Line) -> Ran {
-    let request_id = new_id("batch_req_");
-    let req = Request::post(job.endpoint.as_str())
-        .header(header::CONTENT_TYPE, "application/json")
-        .header("x-request-id", request_id.as_str())
-        .extension(ActingAs::key(&job.key))
-        .body(Body::from(line.body.clone()));
-    let Ok(req) = req else {
-        return Ran::Deferred {
-            line,
-            after: MAX_HOLD,
-        };
-    };
-    let started = std::time::Instant::now();
-    let resp = crate::proxy::handle(gw, job.api, req).await;
-    let status = resp.status();
-    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-        let after = retry_after(resp.headers()).unwrap_or(DEFAULT_HOLD);
-        let reason = if status == StatusCode::TOO_MANY_REQUESTS {
-            "limits"
-        } else {
-            "capacity"
-        };
-        metrics::counter!(m::BATCH_LINES_DEFERRED_TOTAL, "reason" => reason).increment(1);
-        return Ran::Deferred { line, after };
-    }
-    let body = match Limited::new(resp.into_body(), MAX_ANSWER).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(_) => {
-            return Ran::Deferred {
-                line,
-                after: DEFAULT_HOLD,
+    let model = line
+        .model
+        .as_deref()
+        .map(|m| gw.runtime().fleet.canonical(m).to_string());
+    let me = Background::default();
+    let run = answer(gw.clone(), job, line.body.clone(), me.clone());
+    let answer = match &model {
+        Some(model) => tokio::select! {
+            a = run => a,
+            () = gw.make_room.asked(model, &me) => {
+                metrics::counter!(m::BATCH_LINES_DEFERRED_TOTAL, "reason" => "interactive")
+                    .increment(1);
+                return Ran::Deferred { line, after: Duration::ZERO };
             }
-        }
+        },
+        None => run.await,
     };
-    metrics::histogram!(m::BATCH_LINE_SECONDS).record(started.elapsed().as_secs_f64());
+    let (request_id, status, body) = match answer {
+        Answer::Whole(id, status, body) => (id, status, body),
+        Answer::Later(after) => return Ran::Deferred { line, after },
+    };
     let body: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     let out = json!({
@@ -199,6 +189,50 @@ pub async fn execute(gw: std::sync::Arc<Gateway>, job: &JobRef, line: Line) -> R
         ok: status.is_success(),
         line: out.to_string().into_bytes(),
     })
+}
+
+/// A line's answer from the request path.
+enum Answer {
+    /// Its request id, status and whole body.
+    Whole(String, StatusCode, bytes::Bytes),
+    /// Refused for now (429, 503) or unreadable: run it again after this long.
+    Later(Duration),
+}
+
+async fn answer(
+    gw: std::sync::Arc<Gateway>,
+    job: &JobRef,
+    body: bytes::Bytes,
+    me: Background,
+) -> Answer {
+    let request_id = new_id("batch_req_");
+    let req = Request::post(job.endpoint.as_str())
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("x-request-id", request_id.as_str())
+        .extension(ActingAs::key(&job.key))
+        .extension(me)
+        .body(Body::from(body));
+    let Ok(req) = req else {
+        return Answer::Later(MAX_HOLD);
+    };
+    let started = std::time::Instant::now();
+    let resp = crate::proxy::handle(gw, job.api, req).await;
+    let status = resp.status();
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        let after = retry_after(resp.headers()).unwrap_or(DEFAULT_HOLD);
+        let reason = if status == StatusCode::TOO_MANY_REQUESTS {
+            "limits"
+        } else {
+            "capacity"
+        };
+        metrics::counter!(m::BATCH_LINES_DEFERRED_TOTAL, "reason" => reason).increment(1);
+        return Answer::Later(after);
+    }
+    let Ok(body) = Limited::new(resp.into_body(), MAX_ANSWER).collect().await else {
+        return Answer::Later(DEFAULT_HOLD);
+    };
+    metrics::histogram!(m::BATCH_LINE_SECONDS).record(started.elapsed().as_secs_f64());
+    Answer::Whole(request_id, status, body.to_bytes())
 }
 
 /// Count a recorded line in the metrics.

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::headroom::Headroom;
 use super::input::{Line, Parsed};
 use super::line::{self, JobRef, Ran, MAX_HOLD};
 use super::record::{now, BatchRecord, FileMeta, Status};
@@ -182,6 +183,7 @@ fn dispatch(
 ) {
     let now = Instant::now();
     let max = b.config.max_in_flight;
+    let mut headroom = Headroom::default();
     loop {
         let mut started = false;
         for job in jobs.values_mut() {
@@ -194,7 +196,7 @@ fn dispatch(
             let Some(front) = job.pending.front() else {
                 continue;
             };
-            if !super::headroom::has_room(gw, front.model.as_deref()) {
+            if !headroom.take(gw, front.model.as_deref()) {
                 continue;
             }
             let Some(line) = job.pending.pop_front() else {

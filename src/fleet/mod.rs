@@ -34,6 +34,7 @@ pub mod discovery;
 pub mod health;
 pub mod kv;
 pub mod load;
+pub mod make_room;
 pub mod prom;
 pub mod queue;
 pub mod registration;

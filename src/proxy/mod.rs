@@ -203,6 +203,10 @@ struct Prepared {
     policy: PolicyKind,
     input: RouteInput,
     streaming: bool,
+    /// Run by the gateway in the background: it gives way, never asks ([`MakeRoom`]).
+    ///
+    /// [`MakeRoom`]: crate::fleet::make_room::MakeRoom
+    background: Option<crate::fleet::make_room::Background>,
     /// The one backend that holds what the request refers to (its only candidate).
     pin: Option<Pin>,
     /// The request translated to chat completions, for the candidates that do not speak its

@@ -1,6 +1,9 @@
 //! The pick phase: which backend an attempt goes to, with its slot taken ([`Claimed`]).
 //! A native backend first when some candidates serve only by translation; else the policy's
-//! choice; when every untried candidate is at its concurrency cap, the fair queue.
+//! choice; when every untried candidate is at its concurrency cap, the fair queue. An
+//! interactive request that finds no free slot (it waits in the queue, or will inside the
+//! engine it was sent to) asks a background one of its model to give its slot up
+//! ([`MakeRoom`]).
 //!
 //! Invariants: only routable backends are picked (healthy or unknown first, overloaded or
 //! loading as a last resort); a claimed slot is held by a guard released on every exit path;
@@ -13,6 +16,7 @@ use http::StatusCode;
 
 use super::Prepared;
 use crate::config::{Config, PolicyKind};
+use crate::fleet::make_room::MakeRoom;
 use crate::fleet::queue::QueueError;
 use crate::fleet::{Backend, LoadGuard};
 use crate::gateway::Gateway;
@@ -66,10 +70,22 @@ pub(super) async fn pick(
             let who = Waiter {
                 tenant: &p.identity.tenant,
                 span: span.as_ref(),
+                asks: p
+                    .background
+                    .is_none()
+                    .then_some(p.resolved.canonical.as_str()),
             };
             pick_or_wait(gw, config, p.policy, candidates, tried, &p.input, who).await
         }
     };
+    if let Ok(Some(c)) = &claimed {
+        let backend = p.resolved.candidates[c.idx].0.name();
+        match &p.background {
+            Some(bg) => bg.routed(backend),
+            None if c.queued => gw.make_room.ask(&p.resolved.canonical, Some(backend)),
+            None => {}
+        }
+    }
     if let Some(span) = span {
         span.set(|| routed(p, tried, &claimed));
         if let Err(e) = &claimed {
@@ -177,6 +193,8 @@ pub(super) fn pick_and_claim(
 pub(super) struct Waiter<'a> {
     pub(super) tenant: &'a str,
     pub(super) span: Option<&'a Phase>,
+    /// The model to ask room of while waiting (`None`: a background request, which never asks).
+    pub(super) asks: Option<&'a str>,
 }
 
 /// Pick a backend; when every untried routable candidate is at its concurrency cap, wait in the
@@ -209,8 +227,14 @@ pub(super) async fn pick_or_wait(
     let depth = gw.queue.len();
     metrics::gauge!(m::QUEUE_DEPTH).set(depth as f64);
     let span = who.span.and_then(|s| s.child("sluice.queue"));
+    let ask = |room: &MakeRoom| {
+        if let Some(model) = who.asks {
+            room.ask(model, None);
+        }
+    };
     let (waited, outcome) = 'wait: {
         for _ in 0..MAX_QUEUE_ROUNDS {
+            ask(&gw.make_room);
             if let Err(e) = ticket.wait(deadline, QUEUE_RECHECK).await {
                 drop(ticket);
                 metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "timeout")

@@ -20,6 +20,7 @@ use crate::api::translate::Translation;
 use crate::api::{BodyForm, ClientApi};
 use crate::auth::Identity;
 use crate::config::Config;
+use crate::fleet::make_room::Background;
 use crate::fleet::speed::ModelShapes;
 use crate::fleet::Resolved;
 use crate::gateway::{Gateway, Runtime};
@@ -119,6 +120,7 @@ async fn steps(
         .keys
         .authenticate_request(req.headers(), req.extensions())?;
     record.tenant = identity.tenant.clone();
+    let background = req.extensions().get::<Background>().cloned();
     let boundary = match api.body_form() {
         BodyForm::Json => check_content_type(req.headers()).map(|()| None)?,
         BodyForm::Multipart => Some(form_boundary(req.headers())?),
@@ -163,6 +165,7 @@ async fn steps(
         identity,
         client_headers,
         streaming: api.streams(&fields),
+        background,
         pin,
         translation,
         body,

@@ -271,6 +271,7 @@ impl Continuer {
             super::pick::Waiter {
                 tenant: &self.tenant,
                 span,
+                asks: None,
             },
         )
         .await

@@ -299,12 +299,21 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
 /// already waiting (it admits first come, first served), which holds even while the batch
 /// limit is not yet learned.
 pub fn would_queue(b: &Backend, model: &str) -> bool {
+    free_slots(b, model) < 1.0
+}
+
+/// Batch slots of `b` that no request holds by the gateway's count or the engine's (the
+/// larger of the two), 0 while the engine reports requests waiting.
+pub fn free_slots(b: &Backend, model: &str) -> f64 {
     let gw = b.state.inflight_requests() as f64;
     let sig = b.state.signals();
     let engine = sig.fresh().then(|| sig.load_for(model)).flatten();
     let (engine_busy, engine_waiting) =
         engine.map_or((0.0, 0.0), |l| (l.running + l.waiting, l.waiting));
-    engine_waiting > 0.0 || gw.max(engine_busy) + 1.0 > slots(b)
+    if engine_waiting > 0.0 {
+        return 0.0;
+    }
+    (slots(b) - gw.max(engine_busy)).max(0.0)
 }
 
 /// Whether the backend is an Ollama node known to have `model` loaded (`Some(false)`: known

@@ -278,7 +278,8 @@ pub const BATCHES_CREATED_TOTAL: &str = "sluice_batches_created_total";
 /// Batch lines finished, by `outcome` (`completed`: a 2xx answer; `failed`: refused or an
 /// error answer, both in the error file).
 pub const BATCH_LINES_TOTAL: &str = "sluice_batch_lines_total";
-/// Batch lines put back to run later, by `reason` (`capacity`: 503; `limits`: 429).
+/// Batch lines put back to run later, by `reason` (`capacity`: 503; `limits`: 429;
+/// `interactive`: stopped to give its slot to an interactive request).
 pub const BATCH_LINES_DEFERRED_TOTAL: &str = "sluice_batch_lines_deferred_total";
 /// Batch lines waiting to run, over all batches.
 pub const BATCH_LINES_QUEUED: &str = "sluice_batch_lines_queued";

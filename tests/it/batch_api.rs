@@ -476,3 +476,76 @@ async fn interactive_requests_keep_their_ttft_while_a_batch_runs() {
     );
     g.stop().await;
 }
+
+/// Every slot of the only backend held (one by a batch line, one by an interactive stream):
+/// the next interactive request gets a slot at once, because a batch line gives its own up
+/// (it runs again later, and appears once in the output).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_line_gives_its_slot_to_an_interactive_request() {
+    let s = sim_with(
+        SimConfig::new(SimKind::Vllm, vec!["m".into()])
+            .speed(1.0)
+            .max_num_seqs(2)
+            .output_tokens(200, 200),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let t = format!(
+        "{FAST_HEALTH}\n[queue]\ntimeout = \"30s\"\n{}max_concurrent = 2\n\
+         [batch]\ndir = \"{}\"\nmax_in_flight = 4\n",
+        backend("a", "vllm", &s.url(), &["m"]),
+        dir.path().display()
+    );
+    let g = TestGateway::start_healthy(&t).await;
+    // lines of 200 tokens: about 3 s each at 15 ms a step
+    let long_line = |i: usize| {
+        json!({"custom_id": format!("line-{i}"), "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "max_tokens": 200,
+                "messages": [{"role": "user", "content": format!("line {i}")}]}})
+        .to_string()
+    };
+    let n = 3;
+    let lines: Vec<String> = (0..n).map(long_line).collect();
+    let api = Api {
+        base: g.url(""),
+        key: None,
+    };
+    let id = api.submit(&lines.join("\n")).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&g.metrics_text().await, "sluice_batch_lines_running") < 1.0 {
+        assert!(Instant::now() < deadline, "a batch line started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stream = |g: &TestGateway| {
+        let url = g.url("/v1/chat/completions");
+        async move {
+            let started = Instant::now();
+            let mut r = client()
+                .post(url)
+                .json(&chat_body("m", true, 200))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.chunk().await.unwrap();
+            (started.elapsed(), r)
+        }
+    };
+    // the slot kept free
+    let (_, first) = stream(&g).await;
+    // no slot left but the batch line's
+    let (ttft, second) = stream(&g).await;
+    assert!(
+        ttft < Duration::from_millis(1500),
+        "the second interactive request waited {ttft:?} (a batch line runs ~3 s)"
+    );
+    let given = metric(
+        &g.metrics_text().await,
+        "sluice_batch_lines_deferred_total{reason=\"interactive\"}",
+    );
+    assert!(given >= 1.0, "a batch line gave way: {given}");
+    drop((first, second));
+    let b = api.finished(&id, Duration::from_secs(60)).await;
+    each_line_once(&api, &b, n).await;
+    g.stop().await;
+}

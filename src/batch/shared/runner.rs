@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use super::folder::Transition;
 use super::lease::{self, Leases};
+use crate::batch::headroom::Headroom;
 use crate::batch::input::Parsed;
 use crate::batch::line::{self, Input, Ran, MAX_HOLD};
 use crate::batch::record::{now, BatchRecord, FileMeta, Status};
@@ -271,9 +272,10 @@ async fn run_chunk(
     let mut check_at = Instant::now() + CHECK;
     while !(pending.is_empty() && tasks.is_empty()) {
         let now = Instant::now();
+        let mut headroom = Headroom::default();
         while tasks.len() < b.config().max_in_flight && held_until.is_none_or(|h| h <= now) {
             let Some(front) = pending.front() else { break };
-            if !crate::batch::headroom::has_room(gw, front.model.as_deref()) {
+            if !headroom.take(gw, front.model.as_deref()) {
                 break;
             }
             let Some(l) = pending.pop_front() else { break };
