@@ -9,9 +9,11 @@
 //! Invariants: an ask is granted at most once (taken under the lock), so one interactive
 //! request never stops two background ones; an ask for a backend is taken only by a background
 //! request running there; an ask nobody takes within [`ASK_LIFETIME`] lapses, so a background
-//! request routed later is never stopped for an interactive one already served.
+//! request routed later is never stopped for an interactive one already served; with no
+//! background request running an ask costs one atomic read.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,12 +53,17 @@ struct Ask {
 pub struct MakeRoom {
     asks: Mutex<HashMap<String, Vec<Ask>>>,
     asked: Notify,
+    /// Background requests listening for asks.
+    listening: AtomicUsize,
 }
 
 impl MakeRoom {
     /// An interactive request of `model` found no free slot: on `backend`, where it was sent,
     /// or (`None`) on any backend.
     pub fn ask(&self, model: &str, backend: Option<&str>) {
+        if self.listening.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         self.ask_at(model, backend, Instant::now());
         self.asked.notify_waiters();
     }
@@ -76,6 +83,8 @@ impl MakeRoom {
     /// Resolves when the background request `me` of `model` is to give its slot up (it took
     /// an open ask for the backend it runs on); never otherwise.
     pub async fn asked(&self, model: &str, me: &Background) {
+        self.listening.fetch_add(1, Ordering::Relaxed);
+        let _listening = Listening(&self.listening);
         loop {
             let next = self.asked.notified();
             if self.take(model, me, Instant::now()) {
@@ -107,6 +116,15 @@ impl MakeRoom {
             asks.remove(model);
         }
         taken
+    }
+}
+
+/// One background request listening for asks, until dropped.
+struct Listening<'a>(&'a AtomicUsize);
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -156,13 +174,21 @@ mod tests {
     #[tokio::test]
     async fn an_ask_wakes_the_background_request_it_names() {
         let room = Arc::new(MakeRoom::default());
+        room.ask("m", Some("a"));
+        assert!(lock(&room.asks).is_empty(), "nobody listens: nothing kept");
         let me = on("a");
         let (r, m) = (room.clone(), me.clone());
         let waiting = tokio::spawn(async move { r.asked("m", &m).await });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while room.listening.load(Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "the background request listens");
+            tokio::task::yield_now().await;
+        }
         room.ask("m", Some("a"));
         tokio::time::timeout(Duration::from_secs(10), waiting)
             .await
             .expect("woken")
             .expect("no panic");
+        assert_eq!(room.listening.load(Ordering::Relaxed), 0);
     }
 }

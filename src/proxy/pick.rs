@@ -5,6 +5,8 @@
 //! engine it was sent to) asks a background one of its model to give its slot up
 //! ([`MakeRoom`]).
 //!
+//! [`MakeRoom`]: crate::fleet::make_room::MakeRoom
+//!
 //! Invariants: only routable backends are picked (healthy or unknown first, overloaded or
 //! loading as a last resort); a claimed slot is held by a guard released on every exit path;
 //! a queued request waits at most `queue.timeout` and is refused with `Retry-After`.
@@ -16,7 +18,6 @@ use http::StatusCode;
 
 use super::Prepared;
 use crate::config::{Config, PolicyKind};
-use crate::fleet::make_room::MakeRoom;
 use crate::fleet::queue::QueueError;
 use crate::fleet::{Backend, LoadGuard};
 use crate::gateway::Gateway;
@@ -227,14 +228,11 @@ pub(super) async fn pick_or_wait(
     let depth = gw.queue.len();
     metrics::gauge!(m::QUEUE_DEPTH).set(depth as f64);
     let span = who.span.and_then(|s| s.child("sluice.queue"));
-    let ask = |room: &MakeRoom| {
-        if let Some(model) = who.asks {
-            room.ask(model, None);
-        }
-    };
     let (waited, outcome) = 'wait: {
         for _ in 0..MAX_QUEUE_ROUNDS {
-            ask(&gw.make_room);
+            if let Some(model) = who.asks {
+                gw.make_room.ask(model, None);
+            }
             if let Err(e) = ticket.wait(deadline, QUEUE_RECHECK).await {
                 drop(ticket);
                 metrics::histogram!(m::QUEUE_WAIT_SECONDS, "outcome" => "timeout")

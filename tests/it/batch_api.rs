@@ -413,6 +413,26 @@ async fn kill_9_mid_batch_then_restart_each_line_exactly_once() {
     child.wait().unwrap();
 }
 
+/// An interactive streamed chat of `max_tokens`: the time to its first chunk, and the rest.
+fn first_chunk(
+    g: &TestGateway,
+    max_tokens: u32,
+) -> impl std::future::Future<Output = (Duration, reqwest::Response)> {
+    let url = g.url("/v1/chat/completions");
+    async move {
+        let started = Instant::now();
+        let mut r = client()
+            .post(url)
+            .json(&chat_body("m", true, max_tokens))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.chunk().await.unwrap();
+        (started.elapsed(), r)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interactive_requests_keep_their_ttft_while_a_batch_runs() {
     let s = sim_with(
@@ -429,18 +449,9 @@ async fn interactive_requests_keep_their_ttft_while_a_batch_runs() {
     );
     let g = TestGateway::start_healthy(&t).await;
     let ttft = |g: &TestGateway| {
-        let url = g.url("/v1/chat/completions");
+        let first = first_chunk(g, 5);
         async move {
-            let started = Instant::now();
-            let mut r = client()
-                .post(url)
-                .json(&chat_body("m", true, 5))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
-            r.chunk().await.unwrap();
-            let t = started.elapsed();
+            let (t, mut r) = first.await;
             while r.chunk().await.unwrap().is_some() {}
             t
         }
@@ -516,25 +527,10 @@ async fn a_batch_line_gives_its_slot_to_an_interactive_request() {
         assert!(Instant::now() < deadline, "a batch line started");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let stream = |g: &TestGateway| {
-        let url = g.url("/v1/chat/completions");
-        async move {
-            let started = Instant::now();
-            let mut r = client()
-                .post(url)
-                .json(&chat_body("m", true, 200))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
-            r.chunk().await.unwrap();
-            (started.elapsed(), r)
-        }
-    };
     // the slot kept free
-    let (_, first) = stream(&g).await;
+    let (_, first) = first_chunk(&g, 200).await;
     // no slot left but the batch line's
-    let (ttft, second) = stream(&g).await;
+    let (ttft, second) = first_chunk(&g, 200).await;
     assert!(
         ttft < Duration::from_millis(1500),
         "the second interactive request waited {ttft:?} (a batch line runs ~3 s)"

@@ -487,20 +487,32 @@ async fn tls_front(to: std::net::SocketAddr, alpn: &[u8]) -> (std::net::SocketAd
     (addr, ca.pem())
 }
 
+/// `[tracing]` for an `https` collector in front of `to` (TLS with `alpn`), reached as `host`
+/// over `protocol`, its CA in `ca_file` in the returned folder.
+async fn https_tracing(
+    to: std::net::SocketAddr,
+    alpn: &[u8],
+    host: &str,
+    protocol: &str,
+) -> (tempfile::TempDir, String) {
+    let (front, ca) = tls_front(to, alpn).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca).unwrap();
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = \"https://{host}:{}\"\nprotocol = \"{protocol}\"\nexport_interval = \"50ms\"\nca_file = \"{}\"\n",
+        front.port(),
+        ca_file.display()
+    );
+    (dir, tracing)
+}
+
 /// An `https` collector over gRPC, its certificate checked against `ca_file`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_an_https_grpc_collector() {
     let receiver = Receiver::start_grpc().await;
-    let (front, ca) = tls_front(receiver.addr, b"h2").await;
-    let dir = tempfile::tempdir().unwrap();
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca).unwrap();
+    let (_dir, tracing) = https_tracing(receiver.addr, b"h2", "localhost", "grpc").await;
     let a = sim(SimKind::Vllm, &[MODEL]).await;
-    let tracing = format!(
-        "[tracing]\notlp_endpoint = \"https://localhost:{}\"\nprotocol = \"grpc\"\nexport_interval = \"50ms\"\nca_file = \"{}\"\n",
-        front.port(),
-        ca_file.display()
-    );
     let g = gateway(&[("a", a.url())], &tracing).await;
     let (trace, parent, header) = client_context(true);
     let (status, text) = chat(&g, &header, false).await;
@@ -517,16 +529,9 @@ async fn spans_reach_an_https_grpc_collector() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_an_https_http_collector() {
     let receiver = Receiver::start().await;
-    let (front, ca) = tls_front(receiver.addr, b"http/1.1").await;
-    let dir = tempfile::tempdir().unwrap();
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca).unwrap();
+    let (_dir, tracing) =
+        https_tracing(receiver.addr, b"http/1.1", "127.0.0.1", "http/protobuf").await;
     let a = sim(SimKind::Vllm, &[MODEL]).await;
-    let tracing = format!(
-        "[tracing]\notlp_endpoint = \"https://127.0.0.1:{}\"\nprotocol = \"http/protobuf\"\nexport_interval = \"50ms\"\nca_file = \"{}\"\n",
-        front.port(),
-        ca_file.display()
-    );
     let g = gateway(&[("a", a.url())], &tracing).await;
     let (trace, parent, header) = client_context(true);
     let (status, text) = chat(&g, &header, true).await;
