@@ -199,6 +199,7 @@ enum Answer {
     Later(Duration),
 }
 
+/// The line's request through the request path, as the batch's key, marked `me` (background).
 async fn answer(
     gw: std::sync::Arc<Gateway>,
     job: &JobRef,
