@@ -234,6 +234,11 @@ impl BackendState {
         self.load.requests()
     }
 
+    /// Of the requests in flight, those run in the background.
+    pub fn background_requests(&self) -> u64 {
+        self.load.background()
+    }
+
     /// Tokens (prompt still to prefill plus output still expected) of the requests in flight.
     pub fn inflight_tokens(&self) -> u64 {
         self.load.tokens()
@@ -632,10 +637,21 @@ impl Backend {
         }
     }
 
-    /// Whether the backend has a free slot under its cap.
-    pub fn has_slot(&self) -> bool {
-        self.cap()
-            .is_none_or(|c| self.state.inflight_requests() < c)
+    /// Slots background requests hold here that count as free for a request: all of them for
+    /// an interactive request (they give way to it), none for a background one.
+    pub fn yielding_to(&self, background: bool) -> u64 {
+        if background {
+            0
+        } else {
+            self.state.background_requests()
+        }
+    }
+
+    /// Whether the backend has a slot for a request under its cap ([`Backend::yielding_to`]).
+    pub fn has_slot_for(&self, background: bool) -> bool {
+        self.cap().is_none_or(|c| {
+            self.state.inflight_requests() < c.saturating_add(self.yielding_to(background))
+        })
     }
 
     /// The backend's name for a client model, if it serves it.

@@ -56,9 +56,15 @@ pub(super) struct LoadCounters {
     /// Requests without a first token yet, and their estimated prompt tokens.
     prefill_requests: AtomicU64,
     prefill_tokens: AtomicU64,
+    /// Of `requests`, those run in the background (which give their slot to interactive ones).
+    background: AtomicU64,
 }
 
 impl LoadCounters {
+    pub(super) fn background(&self) -> u64 {
+        self.background.load(Ordering::Relaxed)
+    }
+
     pub(super) fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
     }
@@ -88,6 +94,8 @@ pub struct LoadGuard {
     since_ms: u64,
     /// The engine reported requests waiting between `since_ms` and the first token.
     queue_seen: bool,
+    /// Counted among the background requests.
+    background: bool,
 }
 
 impl LoadGuard {
@@ -98,16 +106,19 @@ impl LoadGuard {
     }
 
     /// Take one of `cap` slots (no cap: always) and count the request, or `None` if all are
-    /// taken. The check and the increment are one atomic step.
+    /// taken. The check and the increment are one atomic step; `yielding` more slots count as
+    /// free (those background requests hold, for an interactive request they give way to).
     pub fn claim(
         state: Arc<BackendState>,
         load: impl Into<Load>,
         cap: Option<u64>,
+        yielding: u64,
     ) -> Option<Self> {
         let load = load.into();
         let Some(cap) = cap else {
             return Some(Self::new(state, load));
         };
+        let cap = cap.saturating_add(yielding);
         state
             .counters()
             .requests
@@ -132,6 +143,7 @@ impl LoadGuard {
             wake: None,
             since_ms: super::clock::monotonic_ms(),
             queue_seen: false,
+            background: false,
         }
     }
 
@@ -139,6 +151,17 @@ impl LoadGuard {
     pub fn waking(mut self, queue: Arc<WaitQueue>) -> Self {
         self.wake = Some(queue);
         self
+    }
+
+    /// Count the request among the background ones (once).
+    pub fn set_background(&mut self) {
+        if !self.background {
+            self.background = true;
+            self.state
+                .counters()
+                .background
+                .fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Tokens of this request still counted as in flight.
@@ -196,6 +219,9 @@ impl Drop for LoadGuard {
         let c = self.state.counters();
         c.requests.fetch_sub(1, Ordering::Relaxed);
         c.tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+        if self.background {
+            c.background.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(q) = self.wake.take() {
             q.slot_freed();
         }
@@ -232,7 +258,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut taken = 0;
                     for _ in 0..20_000 {
-                        if let Some(g) = LoadGuard::claim(s.clone(), 1, Some(2)) {
+                        if let Some(g) = LoadGuard::claim(s.clone(), 1, Some(2), 0) {
                             taken += 1;
                             let now = g.state().inflight_requests();
                             peak.fetch_max(now, Ordering::Relaxed);
@@ -248,10 +274,36 @@ mod tests {
         assert_eq!(pending(&s), (0, 0));
         assert_eq!(s.inflight_requests(), 0);
         assert_eq!(s.inflight_tokens(), 0);
-        let a = LoadGuard::claim(s.clone(), 1, Some(1));
+        let a = LoadGuard::claim(s.clone(), 1, Some(1), 0);
         assert!(a.is_some());
-        assert!(LoadGuard::claim(s.clone(), 1, Some(1)).is_none());
-        assert!(LoadGuard::claim(s.clone(), 1, None).is_some());
+        assert!(LoadGuard::claim(s.clone(), 1, Some(1), 0).is_none());
+        assert!(LoadGuard::claim(s.clone(), 1, None, 0).is_some());
+    }
+
+    #[test]
+    fn background_slots_count_as_free_only_for_what_they_yield_to() {
+        let s = Arc::new(BackendState::new());
+        let mut bg = LoadGuard::claim(s.clone(), 1, Some(1), 0).unwrap();
+        bg.set_background();
+        bg.set_background();
+        assert_eq!(s.background_requests(), 1, "counted once");
+        assert!(
+            LoadGuard::claim(s.clone(), 1, Some(1), 0).is_none(),
+            "a background one"
+        );
+        let interactive = LoadGuard::claim(s.clone(), 1, Some(1), s.background_requests());
+        assert!(
+            interactive.is_some(),
+            "an interactive one takes the yielding slot"
+        );
+        assert!(
+            LoadGuard::claim(s.clone(), 1, Some(1), s.background_requests()).is_none(),
+            "one yielding slot, one request"
+        );
+        drop(bg);
+        assert_eq!(s.background_requests(), 0);
+        drop(interactive);
+        assert_eq!(s.inflight_requests(), 0);
     }
 
     #[test]
@@ -319,7 +371,7 @@ mod tests {
     fn pending_prefill_ends_once_at_the_first_token() {
         let s = Arc::new(BackendState::new());
         let mut a = LoadGuard::new(s.clone(), Load::new(1000, 600));
-        let b = LoadGuard::claim(s.clone(), Load::new(300, 200), Some(4));
+        let b = LoadGuard::claim(s.clone(), Load::new(300, 200), Some(4), 0);
         assert!(b.is_some());
         assert_eq!(pending(&s), (2, 800));
         assert_eq!(s.inflight_tokens(), 1300);
@@ -345,8 +397,8 @@ mod tests {
         assert_eq!(pending(&s), (1, 10));
         drop(c);
         // a claim refused at the cap counts nothing
-        let _full = LoadGuard::claim(s.clone(), Load::new(5, 5), Some(1));
-        assert!(LoadGuard::claim(s.clone(), Load::new(7, 7), Some(1)).is_none());
+        let _full = LoadGuard::claim(s.clone(), Load::new(5, 5), Some(1), 0);
+        assert!(LoadGuard::claim(s.clone(), Load::new(7, 7), Some(1), 0).is_none());
         assert_eq!(pending(&s), (1, 5));
     }
 

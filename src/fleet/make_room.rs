@@ -4,7 +4,8 @@
 //! model, and one background request of that model running gives its slot up: it stops (the
 //! engine aborts it when its connection drops) and its owner runs it again later. A request
 //! waiting in the gateway's queue asks for a slot anywhere (it takes the first one freed); one
-//! sent to an engine that will queue it asks for a slot on that engine.
+//! sent to an engine that will queue it, or over a cap into a slot a background request holds
+//! ([`crate::fleet::Backend::has_slot_for`]), asks for a slot on that engine.
 //!
 //! Invariants: an ask is granted at most once (taken under the lock), so one interactive
 //! request never stops two background ones; an ask for a backend is taken only by a background

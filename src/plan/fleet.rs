@@ -209,6 +209,7 @@ impl<'a> Sim<'a> {
             prompt: None,
             prompt_exact: false,
             adapter: None,
+            background: false,
         };
         let e = self
             .router

@@ -151,6 +151,7 @@ mod tests {
             prompt: None,
             prompt_exact: true,
             adapter: None,
+            background: false,
         };
         (max_tokens, input)
     }

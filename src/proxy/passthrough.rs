@@ -117,6 +117,7 @@ async fn forward(
         prompt: None,
         prompt_exact: false,
         adapter: None,
+        background: false,
     };
     let mut tried = Vec::new();
     let mut last: Option<ApiError> = None;

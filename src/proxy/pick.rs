@@ -1,9 +1,9 @@
 //! The pick phase: which backend an attempt goes to, with its slot taken ([`Claimed`]).
 //! A native backend first when some candidates serve only by translation; else the policy's
 //! choice; when every untried candidate is at its concurrency cap, the fair queue. An
-//! interactive request that finds no free slot (it waits in the queue, or will inside the
-//! engine it was sent to) asks a background one of its model to give its slot up
-//! ([`MakeRoom`]).
+//! interactive request that finds no free slot (it waits in the queue, will wait inside the
+//! engine it was sent to, or took a slot a background request holds, which counts as free for
+//! it) asks a background one of its model to give its slot up ([`MakeRoom`]).
 //!
 //! [`MakeRoom`]: crate::fleet::make_room::MakeRoom
 //!
@@ -79,11 +79,22 @@ pub(super) async fn pick(
             pick_or_wait(gw, config, p.policy, candidates, tried, &p.input, who).await
         }
     };
-    if let Ok(Some(c)) = &claimed {
-        let backend = p.resolved.candidates[c.idx].0.name();
+    let mut claimed = claimed;
+    if let Ok(Some(c)) = &mut claimed {
+        if p.background.is_some() {
+            c.guard.set_background();
+        }
+        let backend = &p.resolved.candidates[c.idx].0;
+        // an interactive request over the cap took a slot a background one holds
+        let over_cap = backend
+            .cap()
+            .is_some_and(|cap| backend.state.inflight_requests() > cap);
         match &p.background {
-            Some(bg) => bg.routed(backend),
-            None if c.queued => gw.make_room.ask(&p.resolved.canonical, Some(backend)),
+            Some(bg) => bg.routed(backend.name()),
+            None if c.queued || over_cap => {
+                gw.make_room
+                    .ask(&p.resolved.canonical, Some(backend.name()));
+            }
             None => {}
         }
     }
@@ -168,8 +179,9 @@ pub(super) fn pick_and_claim(
         let queued = crate::routing::score::would_queue(backend, backend_model);
         let cap = backend.cap();
         let cached = input.cached_on(backend);
-        let Some(guard) = LoadGuard::claim(backend.state.clone(), input.load_given(cached), cap)
-        else {
+        let yielding = backend.yielding_to(input.background);
+        let load = input.load_given(cached);
+        let Some(guard) = LoadGuard::claim(backend.state.clone(), load, cap, yielding) else {
             continue;
         };
         let guard = if cap.is_some() {
@@ -214,7 +226,7 @@ pub(super) async fn pick_or_wait(
     if let Some(c) = pick_and_claim(gw, config, policy, candidates, tried, input) {
         return Ok(Some(c));
     }
-    if !Router::saturated(candidates, tried) {
+    if !Router::saturated(candidates, tried, input) {
         return Ok(None);
     }
     let q = config.queue;
@@ -246,7 +258,7 @@ pub(super) async fn pick_or_wait(
                     .record(started.elapsed().as_secs_f64());
                 break 'wait (Ok(Some(c)), "routed");
             }
-            if !Router::saturated(candidates, tried) {
+            if !Router::saturated(candidates, tried, input) {
                 break 'wait (Ok(None), "unroutable");
             }
         }

@@ -154,7 +154,8 @@ async fn steps(
     record.model = resolved.canonical.clone();
     let policy = resolved.policy.unwrap_or(config.routing.policy);
     let shapes = gw.router.shapes.clone();
-    let input = size(config, api, &shapes, &resolved, &fields, &body).await;
+    let mut input = size(config, api, &shapes, &resolved, &fields, &body).await;
+    input.background = background.is_some();
     context::fit(&mut resolved, fields.max_tokens, &input)?;
     let permit = gw
         .limits
@@ -241,6 +242,7 @@ pub(super) async fn size(
         prompt: prompt.map(Arc::new),
         prompt_exact: exact.is_some(),
         adapter,
+        background: false,
     }
 }
 

@@ -387,6 +387,7 @@ mod tests {
             prompt: None,
             prompt_exact: false,
             adapter: None,
+            background: false,
         }
     }
 

@@ -27,6 +27,9 @@ pub struct RouteInput {
     pub prompt: Option<Arc<Prompt>>,
     /// The LoRA adapter the request names: a backend that must load it first pays for that.
     pub adapter: Option<String>,
+    /// Run by the gateway in the background: the slots of other background requests are not
+    /// free for it (they are for an interactive request, which they give way to).
+    pub background: bool,
 }
 
 impl RouteInput {

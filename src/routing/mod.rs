@@ -5,8 +5,9 @@
 //! (`health.slow_start`, `routing.p2c_above`), so a reload applies to the next pick. It picks
 //! from the candidates that are routable now and not yet tried by this request. Backends in a degraded
 //! state (overloaded, loading) are chosen only when no preferred one is left. A backend at its
-//! concurrency cap ([`Backend::has_slot`]) is not eligible (the proxy's wait queue covers that
-//! case), and a backend in slow start after re-admission takes part in a pick only with the
+//! concurrency cap ([`Backend::has_slot_for`]; for an interactive request the slots background
+//! requests hold count as free, since they give way to it) is not eligible (the proxy's wait
+//! queue covers that case), and a backend in slow start after re-admission takes part in a pick only with the
 //! probability of its current share ([`crate::fleet::BackendState::slow_start_share`]), so its
 //! traffic ramps up whatever the policy.
 //!
@@ -59,9 +60,15 @@ impl Router {
 
     /// Whether some untried candidate is routable but at its concurrency cap: waiting for a
     /// slot may help where routing found nothing.
-    pub fn saturated<T>(candidates: &[(Arc<Backend>, T)], tried: &[usize]) -> bool {
+    pub fn saturated<T>(
+        candidates: &[(Arc<Backend>, T)],
+        tried: &[usize],
+        input: &RouteInput,
+    ) -> bool {
         (0..candidates.len()).any(|i| {
-            !tried.contains(&i) && candidates[i].0.state.routable() && !candidates[i].0.has_slot()
+            !tried.contains(&i)
+                && candidates[i].0.state.routable()
+                && !candidates[i].0.has_slot_for(input.background)
         })
     }
 
@@ -80,7 +87,7 @@ impl Router {
             .filter(|i| {
                 !tried.contains(i)
                     && candidates[*i].0.state.routable()
-                    && candidates[*i].0.has_slot()
+                    && candidates[*i].0.has_slot_for(input.background)
             })
             .collect();
         if eligible.is_empty() {
@@ -215,6 +222,7 @@ pub(crate) mod tests {
         prompt: None,
         prompt_exact: false,
         adapter: None,
+        background: false,
     };
 
     #[test]
@@ -255,13 +263,13 @@ pub(crate) mod tests {
                 Some(1)
             );
         }
-        assert!(Router::saturated(&c, &[1]));
+        assert!(Router::saturated(&c, &[1], &RouteInput::default()));
         assert_eq!(
             r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[1], &INPUT),
             None
         );
         drop(g);
-        assert!(!Router::saturated(&c, &[1]));
+        assert!(!Router::saturated(&c, &[1], &RouteInput::default()));
         assert_eq!(
             r.pick(&SNAPSHOT, PolicyKind::RoundRobin, &c, &[1], &INPUT),
             Some(0)
@@ -388,6 +396,7 @@ pub(crate) mod tests {
             prompt: None,
             prompt_exact: false,
             adapter: None,
+            background: false,
         };
         let first = r
             .pick(&SNAPSHOT, PolicyKind::PrefixAffinity, &c, &[], &input(42))
@@ -465,6 +474,7 @@ pub(crate) mod tests {
             prompt: None,
             prompt_exact: false,
             adapter: None,
+            background: false,
         }
     }
 

@@ -71,6 +71,7 @@ fn input(prefix: u64, with_ids: bool) -> RouteInput {
         prefix_tokens: 0,
         prompt: with_ids.then(|| Arc::new(Prompt::new((0..PROMPT).collect(), None))),
         adapter: None,
+        background: false,
     }
 }
 
