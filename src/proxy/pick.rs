@@ -64,7 +64,7 @@ pub(super) async fn pick(
     record: &AccessRecord,
 ) -> Result<Option<Claimed>, ApiError> {
     let span = record.trace.as_ref().map(|t| t.phase("sluice.routing"));
-    let claimed = match pick_native(gw, config, p, tried) {
+    let mut claimed = match pick_native(gw, config, p, tried) {
         Some(claimed) => Ok(Some(claimed)),
         None => {
             let candidates = &p.resolved.candidates;
@@ -79,7 +79,6 @@ pub(super) async fn pick(
             pick_or_wait(gw, config, p.policy, candidates, tried, &p.input, who).await
         }
     };
-    let mut claimed = claimed;
     if let Ok(Some(c)) = &mut claimed {
         if p.background.is_some() {
             c.guard.set_background();

@@ -7,9 +7,10 @@
 //! state (overloaded, loading) are chosen only when no preferred one is left. A backend at its
 //! concurrency cap ([`Backend::has_slot_for`]; for an interactive request the slots background
 //! requests hold count as free, since they give way to it) is not eligible (the proxy's wait
-//! queue covers that case), and a backend in slow start after re-admission takes part in a pick only with the
-//! probability of its current share ([`crate::fleet::BackendState::slow_start_share`]), so its
-//! traffic ramps up whatever the policy.
+//! queue covers that case), and a backend in slow start after re-admission takes part in a
+//! pick only with the probability of its current share
+//! ([`crate::fleet::BackendState::slow_start_share`]), so its traffic ramps up whatever the
+//! policy.
 //!
 //! Policies, one file each under [`policy`] behind the [`policy::Policy`] trait:
 //! `round-robin`, `least-request`, `token-aware` (the default: the lowest expected time to
