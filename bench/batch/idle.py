@@ -253,7 +253,9 @@ def run(args, reqs, rate, tmp):
                '[timeouts]\nidle = "600s"\nfirst_byte = "600s"\nresponse = "600s"\n',
                '[queue]\nsize = 100000\ntimeout = "600s"\n',
                f'[batch]\ndir = "{os.path.join(tmp, "batch")}"\n'
-               f'max_in_flight = {sum(SLOTS.values())}\n']
+               f'max_in_flight = {sum(SLOTS.values())}\n'
+               + (f'max_ttft_rise = {args.max_ttft_rise}\n'
+                  if args.max_ttft_rise is not None else '')]
         cfg.append('[routing]\nexpose_backend_header = true\n'
                    + (f'policy = "{args.policy}"\n' if args.policy else ''))
         for name, port in sims.items():
@@ -365,6 +367,8 @@ def main():
     ap.add_argument("--gap", type=float, default=8.0, help="seconds between phases A and B")
     ap.add_argument("--sample", type=float, default=0.25, help="seconds between /metrics scrapes")
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--max-ttft-rise", type=float, default=None,
+                    help="[batch] max_ttft_rise (default: the gateway's)")
     ap.add_argument("--known-slots", action="store_true",
                     help="configure each backend's max_concurrent at its engine's max-num-seqs")
     ap.add_argument("--smoke", action="store_true", help="under a minute; checks the harness")

@@ -2,8 +2,9 @@
 //!
 //! Room for a model is the free batch slots of its routable candidates
 //! ([`free_slots`]: by the gateway's count or the engine's, none while the engine reports a
-//! request waiting) less one kept for the next interactive request, and none at all while an
-//! interactive request waits in the gateway's queue.
+//! request waiting), each at most what its step budget still allows ([`StepBudget`]), less
+//! one kept for the next interactive request, and none at all while an interactive request
+//! waits in the gateway's queue.
 //!
 //! Invariants: a line that would leave a model without a free slot is never started; lines
 //! started in one dispatch round are taken off that round's room, because a line holds no
@@ -14,6 +15,7 @@
 
 use std::collections::HashMap;
 
+use super::budget::StepBudget;
 use crate::gateway::Gateway;
 use crate::routing::score::free_slots;
 
@@ -23,12 +25,19 @@ const KEEP_FREE: usize = 1;
 /// One dispatch round's room: made afresh for each round, it counts the lines started in
 /// this one, per model (those of earlier rounds count in the gateway's own count once their
 /// tasks have routed them, normally long before the next round).
-#[derive(Debug, Default)]
-pub struct Headroom {
+pub struct Headroom<'a> {
+    budget: &'a StepBudget,
     this_round: HashMap<String, usize>,
 }
 
-impl Headroom {
+impl<'a> Headroom<'a> {
+    pub fn new(budget: &'a StepBudget) -> Headroom<'a> {
+        Headroom {
+            budget,
+            this_round: HashMap::new(),
+        }
+    }
+
     /// Whether one more line of `model` may start now; if so it is counted in this round.
     pub fn take(&mut self, gw: &Gateway, model: Option<&str>) -> bool {
         if !gw.queue.is_empty() {
@@ -37,7 +46,7 @@ impl Headroom {
         let Some(model) = model else {
             return true;
         };
-        let Some(free) = free_for(gw, model) else {
+        let Some(free) = free_for(gw, model, self.budget) else {
             return true;
         };
         let started = self.this_round.entry(model.to_string()).or_default();
@@ -49,15 +58,22 @@ impl Headroom {
     }
 }
 
-/// Free batch slots of `model`'s routable candidates; `None`: no such model.
-fn free_for(gw: &Gateway, model: &str) -> Option<usize> {
+/// Free batch slots of `model`'s routable candidates, each within its step budget; `None`:
+/// no such model.
+fn free_for(gw: &Gateway, model: &str, budget: &StepBudget) -> Option<usize> {
     let rt = gw.runtime();
     let resolved = rt.fleet.resolve(model)?;
     let free: f64 = resolved
         .candidates
         .iter()
         .filter(|(b, _)| b.state.routable())
-        .map(|(b, served)| free_slots(b, served).floor())
+        .map(|(b, served)| {
+            let slots = free_slots(b, served).floor();
+            match budget.allow(b) {
+                Some(a) => slots.min(a.saturating_sub(b.state.background_requests()) as f64),
+                None => slots,
+            }
+        })
         .sum();
     Some(free as usize)
 }

@@ -154,7 +154,7 @@ pub fn expired_line(l: &Line) -> LineResult {
 
 /// Run one line through the request path as the batch's key, in the background: its result,
 /// or the line back (refused for now, or stopped to give its slot to an interactive request).
-pub async fn execute(gw: std::sync::Arc<Gateway>, job: &JobRef, line: Line) -> Ran {
+pub async fn execute(gw: std::sync::Arc<Gateway>, b: &Batches, job: &JobRef, line: Line) -> Ran {
     let model = line
         .model
         .as_deref()
@@ -178,6 +178,9 @@ pub async fn execute(gw: std::sync::Arc<Gateway>, job: &JobRef, line: Line) -> R
     };
     let body: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    if status.is_success() {
+        b.budget().observe(&body);
+    }
     let out = json!({
         "id": request_id,
         "custom_id": line.custom_id,

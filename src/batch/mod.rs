@@ -4,7 +4,8 @@
 //! POST /v1/files (multipart, purpose batch) ─► blobs (contents) + store (record)
 //! POST /v1/batches ─► store: validating
 //! runner ─► input read, bad lines to the error file ─► in_progress
-//!        ─► each line, while the fleet has headroom ([`headroom`]): proxy::handle as the key
+//!        ─► each line, while the fleet has headroom ([`headroom`], within each engine's
+//!           step budget, [`budget`]): proxy::handle as the key
 //!           that created the batch ─► its result recorded once ─► finalizing ─► output and
 //!           error files ─► completed (or cancelled, expired)
 //! ```
@@ -30,6 +31,7 @@
 //!   503) is put back and the batch waits, it does not fail.
 
 mod blobs;
+pub mod budget;
 pub mod headroom;
 pub mod http;
 pub mod input;
@@ -77,6 +79,8 @@ pub struct Batches {
     token: String,
     /// Wakes the runner: a batch was created or cancelled.
     wake: tokio::sync::Notify,
+    /// How many lines each engine may hold ([`budget`]).
+    budget: budget::StepBudget,
 }
 
 impl Batches {
@@ -97,11 +101,17 @@ impl Batches {
             blobs,
             token: shared::token(),
             wake: tokio::sync::Notify::new(),
+            budget: budget::StepBudget::new(config.max_ttft_rise),
         }))
     }
 
     pub fn config(&self) -> &BatchConfig {
         &self.config
+    }
+
+    /// The engines' allowances of batch lines.
+    pub fn budget(&self) -> &budget::StepBudget {
+        &self.budget
     }
 
     fn token(&self) -> &str {

@@ -183,7 +183,7 @@ fn dispatch(
 ) {
     let now = Instant::now();
     let max = b.config.max_in_flight;
-    let mut headroom = Headroom::default();
+    let mut headroom = Headroom::new(b.budget());
     loop {
         let mut started = false;
         for job in jobs.values_mut() {
@@ -223,7 +223,7 @@ async fn run_line(
     job: &JobRef,
     line: Line,
 ) -> Option<(Line, Duration)> {
-    let result = match line::execute(gw, job, line.clone()).await {
+    let result = match line::execute(gw, b, job, line.clone()).await {
         Ran::Done(r) => r,
         Ran::Deferred { line, after } => return Some((line, after)),
     };

@@ -86,6 +86,9 @@ pub struct BatchSection {
     pub max_lines: Option<u64>,
     /// Batch lines in flight at once over all batches (default 4).
     pub max_in_flight: Option<u64>,
+    /// How much longer batch lines may make an engine's step for the interactive requests it
+    /// runs, as a fraction, by the engine's own fitted step costs (default 0.05).
+    pub max_ttft_rise: Option<f64>,
     /// Several replicas share `dir` and the work of each batch, through the Redis of
     /// `[limits] redis_url` (default false: one replica owns `dir`).
     pub shared: Option<bool>,

@@ -72,7 +72,7 @@ pub struct Config {
 }
 
 /// `[batch]`, checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BatchConfig {
     /// Where uploaded files and job state live.
     pub dir: PathBuf,
@@ -82,6 +82,9 @@ pub struct BatchConfig {
     pub max_lines: usize,
     /// Batch lines in flight at once, over all batches.
     pub max_in_flight: usize,
+    /// How much longer batch lines may make an engine's step for its interactive requests
+    /// (a fraction; see `batch::budget`).
+    pub max_ttft_rise: f64,
     /// Replicas share `dir` and the batches' work through Redis (`[limits] redis_url`).
     pub shared: bool,
     /// Shared: the lines of one leased chunk.

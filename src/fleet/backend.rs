@@ -190,6 +190,9 @@ pub struct BackendState {
     /// When it last answered a live request (ms since process start; 0 = never): the
     /// adaptive first-byte deadline counts a wait only while other backends answer.
     last_answer_ms: AtomicU64,
+    /// The most background requests routed here at once (`u64::MAX`: no bound), set by
+    /// whoever runs them (the batch runner's step budget).
+    background_allowance: AtomicU64,
 }
 
 impl Default for BackendState {
@@ -221,6 +224,7 @@ impl BackendState {
             adapters: Default::default(),
             withdrawals: tokio::sync::watch::Sender::new(0),
             last_answer_ms: AtomicU64::new(0),
+            background_allowance: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -237,6 +241,22 @@ impl BackendState {
     /// Of the requests in flight, those run in the background.
     pub fn background_requests(&self) -> u64 {
         self.load.background()
+    }
+
+    /// The most background requests routed here at once (`None`: no bound but the slots).
+    pub fn background_allowance(&self) -> Option<u64> {
+        match self.background_allowance.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            n => Some(n),
+        }
+    }
+
+    /// Bound the background requests routed here from now on (`None`: no bound). Those in
+    /// flight are not cut; a pick reads the bound without holding it, so lines routed at the
+    /// same instant can pass it by the few of one dispatch round.
+    pub fn set_background_allowance(&self, allowance: Option<u64>) {
+        let v = allowance.map_or(u64::MAX, |n| n.min(u64::MAX - 1));
+        self.background_allowance.store(v, Ordering::Relaxed);
     }
 
     /// Tokens (prompt still to prefill plus output still expected) of the requests in flight.
@@ -647,8 +667,17 @@ impl Backend {
         }
     }
 
-    /// Whether the backend has a slot for a request under its cap ([`Backend::yielding_to`]).
+    /// Whether the backend has a slot for a request under its cap ([`Backend::yielding_to`]),
+    /// and for a background one under its background allowance.
     pub fn has_slot_for(&self, background: bool) -> bool {
+        if background
+            && self
+                .state
+                .background_allowance()
+                .is_some_and(|a| self.state.background_requests() >= a)
+        {
+            return false;
+        }
         self.cap().is_none_or(|c| {
             self.state.inflight_requests() < c.saturating_add(self.yielding_to(background))
         })

@@ -186,6 +186,17 @@ impl Timings {
             .map(|g| g.windows.iter().copied().collect())
             .unwrap_or_default()
     }
+
+    /// The newest `n` windows, oldest first.
+    pub fn recent(&self, n: usize) -> Vec<Window> {
+        self.inner
+            .lock()
+            .map(|g| {
+                let skip = g.windows.len().saturating_sub(n);
+                g.windows.iter().skip(skip).copied().collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 #[cfg(test)]

@@ -545,3 +545,105 @@ async fn a_batch_line_gives_its_slot_to_an_interactive_request() {
     each_line_once(&api, &b, n).await;
     g.stop().await;
 }
+
+/// An engine whose decode step grows by 1 ms per running sequence over a 10 ms base: once its
+/// timing windows give a fit, it holds no more batch lines than `max_ttft_rise` of its step
+/// allows (0.5 × 10 ms / ~1.1 ms a line: 4, fewer while the fit is uncertain), as
+/// `sluice_batch_allowance` says; before, 24 would run at once (its free slots and
+/// `max_in_flight`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_holds_only_the_batch_lines_its_step_budget_allows() {
+    let timing = sluice::batching::Timing {
+        max_num_seqs: 32,
+        decode_base: Duration::from_millis(10),
+        decode_per_seq: Duration::from_millis(1),
+        prefill_per_token: Duration::from_micros(20),
+        min_output_tokens: 10,
+        max_output_tokens: 60,
+        ..Default::default()
+    };
+    let s = sim_with(
+        SimConfig::new(SimKind::Vllm, vec!["m".into()])
+            .speed(1.0)
+            .timing(timing),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let t = format!(
+        "\n[health]\ninterval = \"50ms\"\ntimeout = \"500ms\"\nhealthy_threshold = 1\n\
+         signals_interval = \"100ms\"\n{}\n[batch]\ndir = \"{}\"\nmax_in_flight = 24\n\
+         max_ttft_rise = 0.5\n",
+        backend("a", "vllm", &s.url(), &["m"]),
+        dir.path().display()
+    );
+    let g = TestGateway::start_healthy(&t).await;
+    // Prompts and answers of several sizes, so the windows separate prefill from decode.
+    let line = |i: usize| {
+        let prompt = "word ".repeat(1 + 40 * (i % 7));
+        json!({"custom_id": format!("line-{i}"), "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "max_tokens": 10 + 10 * (i % 5),
+                "messages": [{"role": "user", "content": format!("line {i}: {prompt}")}]}})
+        .to_string()
+    };
+    let n = 150;
+    let lines: Vec<String> = (0..n).map(line).collect();
+    let api = Api {
+        base: g.url(""),
+        key: None,
+    };
+    let id = api.submit(&lines.join("\n")).await;
+    let gauge = "sluice_batch_allowance{backend=\"a\"}";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let allowance = loop {
+        let a = metric(&g.metrics_text().await, gauge);
+        if a > 0.0 {
+            break a;
+        }
+        if Instant::now() > deadline {
+            let profile = client().get(g.url("/admin/profile")).send().await.unwrap();
+            panic!("no fitted step costs: {}", profile.text().await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // One standard error towards fewer lines: at most the true 4, at least the one always
+    // allowed.
+    if !(1.0..=5.0).contains(&allowance) {
+        let profile = client().get(g.url("/admin/profile")).send().await.unwrap();
+        let profile: Value = profile.json().await.unwrap();
+        panic!(
+            "0.5 of a 10 ms step over ~1 ms a line: {allowance}; fitted {}",
+            profile["backends"][0]["engine"]["fit"]
+        );
+    }
+    // Lines routed before the fit finish within a second (30 steps of at most 34 ms).
+    let settle = Instant::now() + Duration::from_millis(1500);
+    let engine = format!("{}/metrics", s.url());
+    let mut held = Vec::new();
+    while held.len() < 40 {
+        let text = client()
+            .get(&engine)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let busy =
+            metric(&text, "vllm:num_requests_running") + metric(&text, "vllm:num_requests_waiting");
+        if Instant::now() > settle {
+            held.push(busy);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let allowance = metric(&g.metrics_text().await, gauge).max(allowance);
+    let most = held.iter().copied().fold(0.0, f64::max);
+    // A line started in one dispatch round is routed a moment later: one over, at most.
+    assert!(
+        most <= allowance + 1.0,
+        "held {most} lines, allowed {allowance}: {held:?}"
+    );
+    assert!(most >= 1.0, "the batch kept running: {held:?}");
+    let b = api.finished(&id, Duration::from_secs(90)).await;
+    each_line_once(&api, &b, n).await;
+    g.stop().await;
+}

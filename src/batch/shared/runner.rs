@@ -272,15 +272,15 @@ async fn run_chunk(
     let mut check_at = Instant::now() + CHECK;
     while !(pending.is_empty() && tasks.is_empty()) {
         let now = Instant::now();
-        let mut headroom = Headroom::default();
+        let mut headroom = Headroom::new(b.budget());
         while tasks.len() < b.config().max_in_flight && held_until.is_none_or(|h| h <= now) {
             let Some(front) = pending.front() else { break };
             if !headroom.take(gw, front.model.as_deref()) {
                 break;
             }
             let Some(l) = pending.pop_front() else { break };
-            let (gw, input) = (gw.clone(), input.clone());
-            tasks.spawn(async move { line::execute(gw, &input.job, l).await });
+            let (gw, b, input) = (gw.clone(), b.clone(), input.clone());
+            tasks.spawn(async move { line::execute(gw, &b, &input.job, l).await });
         }
         publish(pending.len(), tasks.len());
         tokio::select! {

@@ -18,6 +18,10 @@ const DEFAULT_MAX_LINES: u64 = 50_000;
 /// The paths `[batch]` serves, which a `[[passthrough]]` rule may not take while it is on.
 const PATHS: &[&str] = &["/v1/files", "/v1/batches"];
 
+/// How much longer batch lines may make an engine's step, by default: under what
+/// bench/batch/idle.py can tell from run-to-run noise.
+const DEFAULT_MAX_TTFT_RISE: f64 = 0.05;
+
 /// How long a chunk's lease outlives a replica that stopped renewing it, by default.
 const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
@@ -69,6 +73,7 @@ pub(super) fn batch(
             1..=1_000_000,
         ),
         max_in_flight: in_range(p, "batch.max_in_flight", b.max_in_flight, 4, 1..=1024),
+        max_ttft_rise: max_ttft_rise(p, b.max_ttft_rise),
         shared,
         chunk_lines: in_range(p, "batch.chunk_lines", b.chunk_lines, 100, 1..=100_000),
         lease: duration_at_least(
@@ -78,6 +83,21 @@ pub(super) fn batch(
             DEFAULT_LEASE,
             Duration::from_millis(300),
         ),
+    }
+}
+
+/// A fraction from 0 (one line per engine at a time) to 100 (the slots alone decide).
+fn max_ttft_rise(p: &mut Problems, v: Option<f64>) -> f64 {
+    match v {
+        None => DEFAULT_MAX_TTFT_RISE,
+        Some(r) if r.is_finite() && (0.0..=100.0).contains(&r) => r,
+        Some(_) => {
+            p.push(
+                "batch.max_ttft_rise",
+                "must be a fraction between 0 and 100 (0.05: 5%)",
+            );
+            DEFAULT_MAX_TTFT_RISE
+        }
     }
 }
 
@@ -94,6 +114,7 @@ mod tests {
         assert_eq!(b.max_file_bytes, 100 * 1024 * 1024);
         assert_eq!(b.max_lines, 50_000);
         assert_eq!(b.max_in_flight, 4);
+        assert_eq!(b.max_ttft_rise, 0.05);
         assert!(!b.shared);
         assert_eq!(
             (b.chunk_lines, b.lease),
@@ -125,6 +146,10 @@ mod tests {
                 "batch.max_in_flight: must be between 1 and 1024",
             ),
             ("[batch]\ndir = \"d\"\nmax_lines = 0\n", "batch.max_lines: must be between"),
+            (
+                "[batch]\ndir = \"d\"\nmax_ttft_rise = -0.1\n",
+                "batch.max_ttft_rise: must be a fraction between 0 and 100",
+            ),
             ("[batch]\ndri = \"d\"\n", "unknown field `dri`"),
             (
                 "[batch]\ndir = \"d\"\nshared = true\n",

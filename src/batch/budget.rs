@@ -1,0 +1,238 @@
+//! How many batch lines each engine may hold at once: few enough that, by the engine's own
+//! step costs, they make its steps at most `[batch] max_ttft_rise` longer for the interactive
+//! requests it runs.
+//!
+//! ```text
+//! step(n)    = decode_base + decode_per_seq × n     an engine step with n sequences running
+//! line cost  = decode_per_seq + prefill_per_token × prompt / output
+//!              what one batch line adds to each step: its own decode, and its prefill
+//!              spread over the steps of its answer
+//! allowance  = max(1, ⌊ max_ttft_rise × step(interactive) / line cost ⌋)
+//! ```
+//!
+//! An interactive request's first token comes at the end of a step holding its prefill and
+//! each later token at the end of a step, so steps made at most that much longer raise its TTFT
+//! and its time per token by at most as much, while it does not wait for a slot (the slot
+//! headroom and [`MakeRoom`] keep that away). A batch line's prefill lands whole in one step:
+//! the bound holds on average over steps, not for the step that holds a long batch prompt.
+//!
+//! Step costs are fitted ([`crate::batching::fit`]) to the engine's newest timing windows
+//! ([`crate::fleet::timings`]), again at most every [`REFIT`], and taken one standard error
+//! towards fewer lines (a shorter base, dearer sequences and prompt tokens), so a young or
+//! noisy fit allows less; the lines' prompt (computed, not cached) and output sizes are
+//! averages of their answers' usage. An engine without a fit yet,
+//! or one that reports no step timing, has no allowance beyond its free slots. One line per
+//! engine may always run, so a batch moves wherever there is a free slot.
+//!
+//! [`MakeRoom`]: crate::fleet::make_room::MakeRoom
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::batching::fit;
+use crate::fleet::speed::Ewma;
+use crate::fleet::Backend;
+use crate::telemetry::metrics as m;
+
+/// How long a backend's fitted step costs are used before they are fitted again.
+pub const REFIT: Duration = Duration::from_secs(5);
+/// Timing windows a fit reads: the newest five minutes at the default one-second scrape.
+const WINDOWS: usize = 300;
+
+/// An engine's step costs, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Costs {
+    decode_base: f64,
+    decode_per_seq: f64,
+    prefill_per_token: f64,
+}
+
+/// One backend's costs and when they were fitted (`None`: no fit then).
+struct Fitted {
+    at: Instant,
+    costs: Option<Costs>,
+}
+
+/// The allowances of one runner's backends.
+pub struct StepBudget {
+    max_rise: f64,
+    fitted: Mutex<HashMap<String, Fitted>>,
+    /// Per line: prompt tokens computed (not cached) and output tokens.
+    prompt: Ewma,
+    output: Ewma,
+}
+
+impl StepBudget {
+    pub fn new(max_rise: f64) -> StepBudget {
+        StepBudget {
+            max_rise,
+            fitted: Mutex::new(HashMap::new()),
+            prompt: Ewma::new(),
+            output: Ewma::new(),
+        }
+    }
+
+    /// Learn a line's size from its answer body's `usage` (chat and text completions' or the
+    /// Responses API's names); an answer without output (embeddings) teaches nothing.
+    pub fn observe(&self, answer: &Value) {
+        let Some(usage) = answer.get("usage") else {
+            return;
+        };
+        let count = |names: [&str; 2]| {
+            names
+                .iter()
+                .find_map(|n| usage.get(*n).and_then(Value::as_u64))
+        };
+        let (Some(prompt), Some(output)) = (
+            count(["prompt_tokens", "input_tokens"]),
+            count(["completion_tokens", "output_tokens"]),
+        ) else {
+            return;
+        };
+        if output == 0 {
+            return;
+        }
+        let cached = ["prompt_tokens_details", "input_tokens_details"]
+            .iter()
+            .find_map(|d| usage.get(*d)?.get("cached_tokens")?.as_u64())
+            .unwrap_or(0);
+        // An EWMA keeps no zero: a prompt all cached counts as one token computed.
+        self.prompt
+            .observe(prompt.saturating_sub(cached).max(1) as f64);
+        self.output.observe(output as f64);
+    }
+
+    /// The most batch lines `b` may hold now (`None`: no fitted costs, no bound), also set on
+    /// the backend for routing and shown in `/metrics`.
+    pub fn allow(&self, b: &Backend) -> Option<u64> {
+        let allowance = self
+            .costs(b)
+            .map(|c| allowance(c, self.max_rise, interactive(b), self.line_shape()));
+        b.state.set_background_allowance(allowance);
+        if let Some(a) = allowance {
+            metrics::gauge!(m::BATCH_ALLOWANCE, "backend" => b.name().to_string()).set(a as f64);
+        }
+        allowance
+    }
+
+    /// Prompt tokens computed per output token of a line (0 until a line has answered).
+    fn line_shape(&self) -> f64 {
+        match (self.prompt.get(), self.output.get()) {
+            (Some(p), Some(o)) if o >= 1.0 => p / o,
+            _ => 0.0,
+        }
+    }
+
+    /// `b`'s step costs, fitted again when older than [`REFIT`].
+    fn costs(&self, b: &Backend) -> Option<Costs> {
+        let Ok(mut fitted) = self.fitted.lock() else {
+            return None;
+        };
+        let now = Instant::now();
+        if let Some(f) = fitted.get(b.name()) {
+            if now.duration_since(f.at) < REFIT {
+                return f.costs;
+            }
+        }
+        let costs = fit::fit(&b.state.timings().recent(WINDOWS))
+            .ok()
+            .and_then(|f| {
+                // One standard error towards fewer lines: a young or noisy fit allows less.
+                let c = Costs {
+                    decode_base: f.decode_base.value - f.decode_base.stderr,
+                    decode_per_seq: (f.decode_per_seq.value + f.decode_per_seq.stderr).max(0.0),
+                    prefill_per_token: (f.prefill_per_token.value + f.prefill_per_token.stderr)
+                        .max(0.0),
+                };
+                (c.decode_base.is_finite() && c.decode_base > 0.0).then_some(c)
+            });
+        fitted.insert(b.name().to_string(), Fitted { at: now, costs });
+        costs
+    }
+}
+
+/// Interactive requests the gateway has in flight on `b`. Not the engine's count: it holds
+/// lines that have ended since it was read, and the fewer interactive requests counted the
+/// shorter the step they are hidden in, so leaving out other replicas' only errs low.
+fn interactive(b: &Backend) -> f64 {
+    b.state
+        .inflight_requests()
+        .saturating_sub(b.state.background_requests()) as f64
+}
+
+/// The allowance by the formula of the module doc.
+fn allowance(c: Costs, max_rise: f64, interactive: f64, prompt_per_output: f64) -> u64 {
+    let step = c.decode_base + c.decode_per_seq * interactive;
+    let line = c.decode_per_seq + c.prefill_per_token * prompt_per_output;
+    if line <= 0.0 {
+        return u64::MAX - 1;
+    }
+    let n = (max_rise * step / line).floor();
+    if n.is_finite() {
+        (n as u64).max(1)
+    } else {
+        1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const FAST: Costs = Costs {
+        decode_base: 0.010,
+        decode_per_seq: 0.0001,
+        prefill_per_token: 0.00005,
+    };
+
+    #[test]
+    fn lines_make_steps_at_most_the_bound_longer() {
+        // 10 ms + 0.1 ms per sequence, 10 interactive: an 11 ms step; 5% of it is 0.55 ms,
+        // five lines' decode.
+        assert_eq!(allowance(FAST, 0.05, 10.0, 0.0), 5);
+        let step = |n: f64| FAST.decode_base + FAST.decode_per_seq * n;
+        assert!(step(15.0) / step(10.0) - 1.0 <= 0.05);
+        assert!(step(16.0) / step(10.0) - 1.0 > 0.05, "one more passes it");
+        // A wider bound, more lines; more interactive ones, a longer step to hide them in.
+        assert_eq!(allowance(FAST, 0.25, 10.0, 0.0), 27);
+        assert_eq!(allowance(FAST, 0.05, 30.0, 0.0), 6);
+    }
+
+    #[test]
+    fn a_line_pays_for_its_prefill_over_its_answer() {
+        // 10 prompt tokens computed per output token: 0.5 ms of prefill per step on top of
+        // 0.1 ms of decode.
+        assert_eq!(allowance(FAST, 0.25, 10.0, 10.0), 4);
+    }
+
+    #[test]
+    fn one_line_may_always_run_and_free_decode_is_unbounded() {
+        assert_eq!(allowance(FAST, 0.0, 0.0, 100.0), 1);
+        let flat = Costs {
+            decode_per_seq: 0.0,
+            prefill_per_token: 0.0,
+            ..FAST
+        };
+        assert_eq!(allowance(flat, 0.05, 3.0, 1.0), u64::MAX - 1);
+    }
+
+    #[test]
+    fn line_sizes_come_from_usage_less_the_cache() {
+        let b = StepBudget::new(0.05);
+        assert_eq!(b.line_shape(), 0.0, "nothing answered yet");
+        b.observe(&json!({"data": [], "usage": {"prompt_tokens": 9, "total_tokens": 9}}));
+        assert_eq!(b.line_shape(), 0.0, "an embedding has no output");
+        b.observe(
+            &json!({"usage": {"prompt_tokens": 300, "completion_tokens": 50,
+            "prompt_tokens_details": {"cached_tokens": 100}}}),
+        );
+        assert_eq!(b.line_shape(), 4.0);
+        let r = StepBudget::new(0.05);
+        r.observe(&json!({"usage": {"input_tokens": 80, "output_tokens": 20}}));
+        assert_eq!(r.line_shape(), 4.0, "the Responses API's names");
+    }
+}
