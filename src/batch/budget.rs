@@ -1,28 +1,33 @@
 //! How many batch lines each engine may hold at once: few enough that, by the engine's own
-//! step costs, they make its steps at most `[batch] max_ttft_rise` longer for the interactive
-//! requests it runs.
+//! step costs, they make the steps an interactive request waits through at most
+//! `[batch] max_ttft_rise` longer.
 //!
 //! ```text
-//! step(n)    = decode_base + decode_per_seq × n     an engine step with n sequences running
-//! line cost  = decode_per_seq + prefill_per_token × prompt / output
+//! step(n)    = decode_base + decode_per_seq × n + prefill_per_token × prompt
+//!              a step of the engine's n interactive requests that holds a typical prefill
+//! line cost  = decode_per_seq + prefill_per_token × line prompt / line output
 //!              what one batch line adds to each step: its own decode, and its prefill
 //!              spread over the steps of its answer
-//! allowance  = max(1, ⌊ max_ttft_rise × step(interactive) / line cost ⌋)
+//! allowance  = max(1, ⌊ max_ttft_rise × step(n) / line cost ⌋)
 //! ```
 //!
-//! An interactive request's first token comes at the end of a step holding its prefill and
-//! each later token at the end of a step, so steps made at most that much longer raise its TTFT
-//! and its time per token by at most as much, while it does not wait for a slot (the slot
-//! headroom and [`MakeRoom`] keep that away). A batch line's prefill lands whole in one step:
-//! the bound holds on average over steps, not for the step that holds a long batch prompt.
+//! An interactive request's first token comes at the end of the step that holds its prefill,
+//! after the steps it waited through for it: each made at most `max_ttft_rise` longer, its
+//! TTFT rises by at most as much, as long as it does not wait for a slot (the slot headroom
+//! and [`MakeRoom`] keep that away). `prompt` is the engine's mean computed prompt per request
+//! over the same windows, batch lines included (a short batch prompt only makes the step, and
+//! so the allowance, smaller). Steps without a prefill (its later tokens) can rise more: the
+//! bound is on the time to the first token, not the time per token. A batch line's own prefill
+//! lands whole in one step: the bound holds on average over steps, not for the step that holds
+//! a long batch prompt.
 //!
 //! Step costs are fitted ([`crate::batching::fit`]) to the engine's newest timing windows
 //! ([`crate::fleet::timings`]), again at most every [`REFIT`], and taken one standard error
 //! towards fewer lines (a shorter base, dearer sequences and prompt tokens), so a young or
 //! noisy fit allows less; the lines' prompt (computed, not cached) and output sizes are
-//! averages of their answers' usage. An engine without a fit yet,
-//! or one that reports no step timing, has no allowance beyond its free slots. One line per
-//! engine may always run, so a batch moves wherever there is a free slot.
+//! averages of their answers' usage. An engine without a fit yet, or one that reports no step
+//! timing, has no allowance beyond its free slots. One line per engine may always run, so a
+//! batch moves wherever there is a free slot.
 //!
 //! [`MakeRoom`]: crate::fleet::make_room::MakeRoom
 
@@ -42,12 +47,13 @@ pub const REFIT: Duration = Duration::from_secs(5);
 /// Timing windows a fit reads: the newest five minutes at the default one-second scrape.
 const WINDOWS: usize = 300;
 
-/// An engine's step costs, in seconds.
+/// An engine's step costs, in seconds, and its mean computed prompt per request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Costs {
     decode_base: f64,
     decode_per_seq: f64,
     prefill_per_token: f64,
+    prompt: f64,
 }
 
 /// One backend's costs and when they were fitted (`None`: no fit then).
@@ -137,18 +143,18 @@ impl StepBudget {
                 return f.costs;
             }
         }
-        let costs = fit::fit(&b.state.timings().recent(WINDOWS))
-            .ok()
-            .and_then(|f| {
-                // One standard error towards fewer lines: a young or noisy fit allows less.
-                let c = Costs {
-                    decode_base: f.decode_base.value - f.decode_base.stderr,
-                    decode_per_seq: (f.decode_per_seq.value + f.decode_per_seq.stderr).max(0.0),
-                    prefill_per_token: (f.prefill_per_token.value + f.prefill_per_token.stderr)
-                        .max(0.0),
-                };
-                (c.decode_base.is_finite() && c.decode_base > 0.0).then_some(c)
-            });
+        let windows = b.state.timings().recent(WINDOWS);
+        let costs = fit::fit(&windows).ok().and_then(|f| {
+            // One standard error towards fewer lines: a young or noisy fit allows less.
+            let c = Costs {
+                decode_base: f.decode_base.value - f.decode_base.stderr,
+                decode_per_seq: (f.decode_per_seq.value + f.decode_per_seq.stderr).max(0.0),
+                prefill_per_token: (f.prefill_per_token.value + f.prefill_per_token.stderr)
+                    .max(0.0),
+                prompt: mean_prompt(&windows),
+            };
+            (c.decode_base.is_finite() && c.decode_base > 0.0).then_some(c)
+        });
         fitted.insert(b.name().to_string(), Fitted { at: now, costs });
         costs
     }
@@ -163,9 +169,28 @@ fn interactive(b: &Backend) -> f64 {
         .saturating_sub(b.state.background_requests()) as f64
 }
 
+/// Computed prompt tokens per prefilled request over `windows` (0 without one).
+fn mean_prompt(windows: &[fit::Window]) -> f64 {
+    // A TGI window counts prefill passes, each of several requests: the requests are its
+    // `prefill_seqs`.
+    let (tokens, requests) = windows.iter().fold((0.0, 0.0), |(t, r), w| {
+        let n = if w.prefill_seqs > 0.0 {
+            w.prefill_seqs
+        } else {
+            w.prefill_count
+        };
+        (t + w.prefill_tokens, r + n)
+    });
+    if requests >= 1.0 {
+        tokens / requests
+    } else {
+        0.0
+    }
+}
+
 /// The allowance by the formula of the module doc.
 fn allowance(c: Costs, max_rise: f64, interactive: f64, prompt_per_output: f64) -> u64 {
-    let step = c.decode_base + c.decode_per_seq * interactive;
+    let step = c.decode_base + c.decode_per_seq * interactive + c.prefill_per_token * c.prompt;
     let line = c.decode_per_seq + c.prefill_per_token * prompt_per_output;
     if line <= 0.0 {
         return u64::MAX - 1;
@@ -187,6 +212,7 @@ mod tests {
         decode_base: 0.010,
         decode_per_seq: 0.0001,
         prefill_per_token: 0.00005,
+        prompt: 0.0,
     };
 
     #[test]
@@ -203,10 +229,31 @@ mod tests {
     }
 
     #[test]
+    fn a_step_that_prefills_a_typical_prompt_hides_more_lines() {
+        // 10 ms + 1 ms + 200 tokens at 50 us: a 21 ms step, 5% of it 1.05 ms.
+        let c = Costs {
+            prompt: 200.0,
+            ..FAST
+        };
+        assert_eq!(allowance(c, 0.05, 10.0, 0.0), 10);
+    }
+
+    #[test]
     fn a_line_pays_for_its_prefill_over_its_answer() {
         // 10 prompt tokens computed per output token: 0.5 ms of prefill per step on top of
         // 0.1 ms of decode.
         assert_eq!(allowance(FAST, 0.25, 10.0, 10.0), 4);
+    }
+
+    #[test]
+    fn the_typical_prompt_is_per_prefilled_request() {
+        let w = |tokens: f64, requests: f64| fit::Window {
+            prefill_tokens: tokens,
+            prefill_count: requests,
+            ..Default::default()
+        };
+        assert_eq!(mean_prompt(&[]), 0.0);
+        assert_eq!(mean_prompt(&[w(1000.0, 2.0), w(200.0, 2.0)]), 300.0);
     }
 
     #[test]

@@ -762,6 +762,7 @@ mod tests {
     use super::*;
     use crate::config::validate::parse_backend_url;
     use crate::config::Timeouts;
+    use crate::fleet::LoadGuard;
     use std::collections::BTreeMap;
 
     fn backend(kind: BackendKind, url: &str, models: &[&str], names: &[(&str, &str)]) -> Backend {
@@ -898,6 +899,25 @@ mod tests {
         let share = s.slow_start_share(Duration::from_secs(5));
         assert!((SLOW_START_MIN_SHARE..0.2).contains(&share), "{share}");
         assert_eq!(s.slow_start_share(Duration::ZERO), 1.0);
+    }
+
+    #[test]
+    fn a_background_allowance_bounds_only_background_requests() {
+        let b = backend(BackendKind::Vllm, "http://127.0.0.1:1", &["m"], &[]);
+        assert_eq!(b.state.background_allowance(), None);
+        b.state.set_background_allowance(Some(1));
+        assert!(b.has_slot_for(true), "none held yet");
+        let mut line = LoadGuard::claim(b.state.clone(), 1, None, 0).unwrap();
+        line.set_background();
+        assert!(!b.has_slot_for(true), "the one allowed is held");
+        assert!(
+            b.has_slot_for(false),
+            "interactive requests are not bounded by it"
+        );
+        b.state.set_background_allowance(None);
+        assert!(b.has_slot_for(true));
+        b.state.set_background_allowance(Some(u64::MAX));
+        assert_eq!(b.state.background_allowance(), Some(u64::MAX - 1));
     }
 
     #[test]

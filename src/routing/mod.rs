@@ -6,7 +6,8 @@
 //! from the candidates that are routable now and not yet tried by this request. Backends in a degraded
 //! state (overloaded, loading) are chosen only when no preferred one is left. A backend at its
 //! concurrency cap ([`Backend::has_slot_for`]; for an interactive request the slots background
-//! requests hold count as free, since they give way to it) is not eligible (the proxy's wait
+//! requests hold count as free, since they give way to it), or for a background request at
+//! its background allowance, is not eligible (the proxy's wait
 //! queue covers that case), and a backend in slow start after re-admission takes part in a
 //! pick only with the probability of its current share
 //! ([`crate::fleet::BackendState::slow_start_share`]), so its traffic ramps up whatever the
