@@ -213,18 +213,44 @@ def interactive(gw, reqs, rate, args):
 def summary(results):
     ok = [r for r in results if r["ok"]]
     ttft = [r["ttft"] for r in ok]
-    by_kind = {k: {"n": sum(1 for r in ok if r["kind"] == k),
-                   "p99_ttft_s": routing.pct([r["ttft"] for r in ok if r["kind"] == k], 99)}
+    def pcts(v):
+        return {"n": len(v), "p50_ttft_s": routing.pct(v, 50), "p99_ttft_s": routing.pct(v, 99)}
+
+    by_kind = {k: pcts([r["ttft"] for r in ok if r["kind"] == k])
                for k in ("short", "shared", "long")}
     by_backend = {}
     for r in ok:
         e = by_backend.setdefault(r["backend"] or "?", {})
         e.setdefault(r["kind"], []).append(r["ttft"])
-    by_backend = {b: {k: {"n": len(v), "p99_ttft_s": routing.pct(v, 99)} for k, v in e.items()}
-                  for b, e in sorted(by_backend.items())}
+    by_backend = {b: {k: pcts(v) for k, v in e.items()} for b, e in sorted(by_backend.items())}
     return {"requests": len(results), "ok": len(ok), "errors": len(results) - len(ok),
             "p50_ttft_s": routing.pct(ttft, 50), "p90_ttft_s": routing.pct(ttft, 90),
-            "p99_ttft_s": routing.pct(ttft, 99), "by_kind": by_kind, "by_backend": by_backend}
+            "p99_ttft_s": routing.pct(ttft, 99), "by_kind": by_kind, "by_backend": by_backend,
+            "_ttft": ttft}
+
+
+def shown_path(path):
+    """A path as the results show it: relative to the repository, or only its file name when
+    it lies outside (the results never name a folder of the machine that ran them)."""
+    rel = os.path.relpath(path, ROOT)
+    return os.path.basename(path) if rel.startswith("..") else rel
+
+
+def ratio_interval(a, b, p=99, rounds=2000, seed=1):
+    """95% bootstrap interval of pct(b, p) / pct(a, p): each phase's requests resampled with
+    replacement (unpaired, so a little wider than the paired truth)."""
+    import random
+    rng = random.Random(seed)
+    if not a or not b:
+        return None
+    ratios = []
+    for _ in range(rounds):
+        ra = routing.pct(rng.choices(a, k=len(a)), p)
+        rb = routing.pct(rng.choices(b, k=len(b)), p)
+        if ra:
+            ratios.append(rb / ra)
+    ratios.sort()
+    return [ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1]]
 
 
 def fleet_busy(per):
@@ -393,9 +419,11 @@ def main():
     a, b, c = r["phase_a"], r["phase_b"], r["phase_c"]
     pa, pb = a["interactive"]["p99_ttft_s"], b["interactive"]["p99_ttft_s"]
     ratio = pb / pa if pa and pb else None
+    interval = ratio_interval(a["interactive"].pop("_ttft"), b["interactive"].pop("_ttft"))
     faster = (c["batch_lines_per_s"] or 0) > (b["batch_lines_per_s"] or 0)
     r["targets"] = {
         "p99_ttft_ratio": ratio, "p99_ttft_ratio_met": ratio is not None and ratio <= 1.10,
+        "p99_ttft_ratio_interval_95": interval,
         "idle_capacity_used": r["idle_capacity_used"],
         "idle_capacity_used_met": (r["idle_capacity_used"] or 0) >= 0.80,
         "faster_alone": faster,
@@ -420,7 +448,9 @@ def main():
         print(f"{name:<28}{fmt(va, spec):>16}{fmt(vb, spec):>14}{fmt(vc, spec):>16}")
     t = r["targets"]
     print()
-    print(f"p99 TTFT B/A: {fmt(ratio)} (target <= 1.10: {'met' if t['p99_ttft_ratio_met'] else 'NOT met'})")
+    ci = (f", 95% interval {fmt(interval[0])}-{fmt(interval[1])}" if interval else "")
+    print(f"p99 TTFT B/A: {fmt(ratio)}{ci} (target <= 1.10: "
+          f"{'met' if t['p99_ttft_ratio_met'] else 'NOT met'})")
     print(f"idle capacity used: {fmt(r['idle_capacity_used'])} (inference-time sum: "
           f"{fmt(r['idle_capacity_used_inference_sum'])}; target >= 0.80: "
           f"{'met' if t['idle_capacity_used_met'] else 'NOT met'})")
@@ -432,7 +462,7 @@ def main():
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_average_before": load_before, "load_average_after": load_after},
-        "args": {k: (os.path.relpath(v, ROOT) if k in ("binary", "out") else v)
+        "args": {k: (shown_path(v) if k in ("binary", "out") else v)
                  for k, v in vars(args).items()},
         "rate_rps": rate,
         "fleet": [{"name": n, "kind": k, "flags": f} for n, k, f in FLEET],

@@ -58,12 +58,14 @@ impl RouteInput {
         Some(cached.min(self.prompt_tokens.saturating_sub(1)))
     }
 
-    /// The request as a backend without its prefix cached sees it.
+    /// The request as a backend without its prefix cached sees it (nothing there giving way
+    /// to it: see [`RouteInput::request_given`]).
     pub(super) fn score_request(&self) -> score::Request {
         score::Request {
             prompt_tokens: self.prompt_tokens.min(self.tokens),
             output_tokens: self.tokens.saturating_sub(self.prompt_tokens),
             setup: Setup::Ready,
+            yielding: 0,
         }
     }
 
@@ -85,6 +87,7 @@ impl RouteInput {
             prompt_tokens: cold.prompt_tokens - cached.min(cold.prompt_tokens),
             output_tokens: cold.output_tokens,
             setup,
+            yielding: b.yielding_to(self.background),
         }
     }
 
@@ -97,6 +100,7 @@ impl RouteInput {
             prompt_tokens: cold.prompt_tokens - prefix,
             output_tokens: cold.output_tokens,
             setup: Setup::Ready,
+            yielding: 0,
         }
     }
 }

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! busy      = max(gateway in-flight requests, engine running + waiting)   (engine: if fresh)
+//!             − requests in flight that give way to this one (batch lines, for an interactive one)
 //! slots     = learned full batch | max_concurrent (config or TGI /info) | per-kind default
 //! ahead     = max(0, busy + 1 − slots)                  requests queued before this one
 //! pending   = prompt tokens sent here whose first token has not come (pending prefill)
@@ -69,6 +70,9 @@ pub struct Request {
     /// What this backend must do before it can start it at all (a LoRA adapter to load or
     /// swap in).
     pub setup: Setup,
+    /// Requests in flight there that give their slot up to this one: the background ones,
+    /// for an interactive request ([`Backend::yielding_to`]). They do not count in its busy.
+    pub yielding: u64,
 }
 
 /// Relative distance below the candidates' fastest measured speed (prefill or decode) within
@@ -203,7 +207,10 @@ pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakd
     let sig = st.signals();
     let engine = sig.fresh().then(|| sig.load_for(model)).flatten();
     let engine_busy = engine.map_or(0.0, |l| l.running + l.waiting);
-    let busy = gw_busy.max(engine_busy);
+    // Requests that give way to this one (batch lines, for an interactive request) leave it
+    // their slots, and the step budget keeps what they add to each step small
+    // (`batch::budget`): it is scored as if they were not there.
+    let busy = (gw_busy.max(engine_busy) - req.yielding as f64).max(0.0);
     let slots = slots(b);
 
     let prefill_tps = st.speeds().prefill_tps.get().unwrap_or(prior.prefill_tps);
@@ -377,6 +384,7 @@ pub fn admin_view(b: &Backend) -> serde_json::Value {
             prompt_tokens: 1000,
             output_tokens: 200,
             setup: Setup::Ready,
+            yielding: 0,
         },
         Prior::of(&[b]),
     );
@@ -453,6 +461,7 @@ mod tests {
         prompt_tokens: 1000,
         output_tokens: 100,
         setup: Setup::Ready,
+        yielding: 0,
     };
     const PRIOR: Prior = Prior {
         prefill_tps: 1000.0,
@@ -595,6 +604,7 @@ mod tests {
             prompt_tokens: 20_000,
             output_tokens: 100,
             setup: Setup::Ready,
+            yielding: 0,
         };
         let (f, s) = (
             breakdown(&fast, "m", long, prior),
@@ -655,6 +665,35 @@ mod tests {
         // the engine holds requests back at 12: one more waits behind them
         b.state.set_signals(load(12.0, 3.0));
         assert!(would_queue(&b, "m"));
+    }
+
+    #[test]
+    fn requests_that_give_way_are_not_load_for_the_one_they_give_way_to() {
+        let b = backend(BackendKind::Vllm, Some(4));
+        let quiet = breakdown(&b, "m", REQ, PRIOR);
+        let guards: Vec<LoadGuard> = (0..4)
+            .map(|_| {
+                let mut g = LoadGuard::claim(b.state.clone(), Load::new(100, 0), None, 0).unwrap();
+                g.set_background();
+                g
+            })
+            .collect();
+        let interactive = Request {
+            yielding: b.yielding_to(false),
+            ..REQ
+        };
+        let given_way = breakdown(&b, "m", interactive, PRIOR);
+        assert_eq!(given_way.busy, 0.0);
+        assert_eq!(given_way.queued_ahead, 0.0);
+        assert_eq!(given_way.decode_seconds, quiet.decode_seconds);
+        let background = Request {
+            yielding: b.yielding_to(true),
+            ..REQ
+        };
+        let full = breakdown(&b, "m", background, PRIOR);
+        assert_eq!((full.busy, full.queued_ahead), (4.0, 1.0));
+        assert!(full.score > given_way.score);
+        drop(guards);
     }
 
     #[test]
