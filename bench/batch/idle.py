@@ -229,13 +229,6 @@ def summary(results):
             "_ttft": ttft}
 
 
-def shown_path(path):
-    """A path as the results show it: relative to the repository, or only its file name when
-    it lies outside (the results never name a folder of the machine that ran them)."""
-    rel = os.path.relpath(path, ROOT)
-    return os.path.basename(path) if rel.startswith("..") else rel
-
-
 def ratio_interval(a, b, p=99, rounds=2000, seed=1):
     """95% bootstrap interval of pct(b, p) / pct(a, p): each phase's requests resampled with
     replacement (unpaired, so a little wider than the paired truth)."""
@@ -462,7 +455,7 @@ def main():
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_average_before": load_before, "load_average_after": load_after},
-        "args": {k: (shown_path(v) if k in ("binary", "out") else v)
+        "args": {k: (routing.shown_path(v) if k in ("binary", "out") else v)
                  for k, v in vars(args).items()},
         "rate_rps": rate,
         "fleet": [{"name": n, "kind": k, "flags": f} for n, k, f in FLEET],

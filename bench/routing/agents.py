@@ -94,7 +94,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench import ROOT, Procs, free_port, get_json, pct, wait_http  # noqa: E402
+from bench import ROOT, Procs, free_port, get_json, pct, shown_path, wait_http  # noqa: E402
 
 TOKENIZER = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "tiny-tools")
 MODEL = "m"
@@ -803,7 +803,7 @@ def main():
         "bench": "routing-agents",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "args": {k: (os.path.relpath(v, ROOT) if k in ("binary", "out") and v else v)
+        "args": {k: (shown_path(v) if k in ("binary", "out") and v else v)
                  for k, v in vars(args).items() if k != "peers_venv"},
         "fleet": [{"name": n, "flags": f} for n, f in FLEET],
         "common_flags": COMMON,

@@ -255,6 +255,13 @@ async def one(port, body, timeout):
         return False, None, time.perf_counter() - start, backend, None, None
 
 
+def shown_path(path):
+    """A path as results show it: relative to the repository, or only its file name when it
+    lies outside (results never name a folder of the machine that ran them)."""
+    rel = os.path.relpath(path, ROOT)
+    return os.path.basename(path) if rel.startswith("..") else rel
+
+
 def pct(values, p):
     if not values:
         return None
@@ -642,7 +649,7 @@ def main():
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         # paths relative to the repository, so no machine's directories end up in results
-        "args": {k: (os.path.relpath(v, ROOT) if k in ("binary", "out") else v)
+        "args": {k: (shown_path(v) if k in ("binary", "out") else v)
                  for k, v in vars(args).items()},
         "rate_rps": rate,
         "fleet": [{"name": n, "kind": k, "flags": f} for n, k, f in FLEET],

@@ -46,11 +46,11 @@ impl<'a> Headroom<'a> {
         let Some(model) = model else {
             return true;
         };
-        let Some(free) = free_for(gw, model, self.budget) else {
+        let Some(room) = room_for(gw, model, self.budget) else {
             return true;
         };
         let started = self.this_round.entry(model.to_string()).or_default();
-        if free.saturating_sub(KEEP_FREE) <= *started {
+        if room <= *started {
             return false;
         }
         *started += 1;
@@ -58,22 +58,27 @@ impl<'a> Headroom<'a> {
     }
 }
 
-/// Free batch slots of `model`'s routable candidates, each within its step budget; `None`:
-/// no such model.
-fn free_for(gw: &Gateway, model: &str, budget: &StepBudget) -> Option<usize> {
+/// Lines `model` has room for: the free batch slots of its routable candidates less the one
+/// kept free, and at most what their step budgets still allow; `None`: no such model.
+fn room_for(gw: &Gateway, model: &str, budget: &StepBudget) -> Option<usize> {
     let rt = gw.runtime();
     let resolved = rt.fleet.resolve(model)?;
-    let free: f64 = resolved
+    let (free, allowed) = resolved
         .candidates
         .iter()
         .filter(|(b, _)| b.state.routable())
         .map(|(b, served)| {
             let slots = free_slots(b, served).floor();
-            match budget.allow(b) {
+            let allowed = match budget.allow(b) {
                 Some(a) => slots.min(a.saturating_sub(b.state.background_requests()) as f64),
                 None => slots,
-            }
+            };
+            (slots, allowed)
         })
-        .sum();
-    Some(free as usize)
+        .fold((0.0, 0.0), |(f, a), (s, l)| (f + s, a + l));
+    Some(
+        (free as usize)
+            .saturating_sub(KEEP_FREE)
+            .min(allowed as usize),
+    )
 }
