@@ -2,9 +2,9 @@
 //!
 //! Room for a model is the free batch slots of its routable candidates
 //! ([`free_slots`]: by the gateway's count or the engine's, none while the engine reports a
-//! request waiting), each at most what its step budget still allows ([`StepBudget`]), less
-//! one kept for the next interactive request, and none at all while an interactive request
-//! waits in the gateway's queue.
+//! request waiting) less one kept for the next interactive request, at most what their step
+//! budgets still allow ([`StepBudget`]), and none at all while an interactive request waits
+//! in the gateway's queue. It is read once per model and dispatch round.
 //!
 //! Invariants: a line that would leave a model without a free slot is never started; lines
 //! started in one dispatch round are taken off that round's room, because a line holds no
@@ -27,7 +27,8 @@ const KEEP_FREE: usize = 1;
 /// tasks have routed them, normally long before the next round).
 pub struct Headroom<'a> {
     budget: &'a StepBudget,
-    this_round: HashMap<String, usize>,
+    /// Per model: its room at its first line of the round, and the lines started since.
+    this_round: HashMap<String, (usize, usize)>,
 }
 
 impl<'a> Headroom<'a> {
@@ -46,11 +47,16 @@ impl<'a> Headroom<'a> {
         let Some(model) = model else {
             return true;
         };
-        let Some(room) = room_for(gw, model, self.budget) else {
-            return true;
+        if !self.this_round.contains_key(model) {
+            let Some(room) = room_for(gw, model, self.budget) else {
+                return true;
+            };
+            self.this_round.insert(model.to_string(), (room, 0));
+        }
+        let Some((room, started)) = self.this_round.get_mut(model) else {
+            return false;
         };
-        let started = self.this_round.entry(model.to_string()).or_default();
-        if room <= *started {
+        if *room <= *started {
             return false;
         }
         *started += 1;
