@@ -363,8 +363,7 @@ def run(args, reqs, rate, tmp):
     }
 
 
-def fmt(v, spec=".3f"):
-    return "-" if v is None else format(v, spec)
+fmt = routing.fmt_or_dash
 
 
 def main():

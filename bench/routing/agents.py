@@ -95,6 +95,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench import ROOT, Procs, free_port, get_json, pct, shown_path, wait_http  # noqa: E402
+from bench import fmt_or_dash as fmt  # noqa: E402
 
 TOKENIZER = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "tiny-tools")
 MODEL = "m"
@@ -707,10 +708,6 @@ def run_config(config, binary, sessions, args, tmp, peers):
         extra["probe_statuses"] = sorted({r.get("probe_status") for r in records
                                           if r.get("probe_status") is not None})
     return summarize(config, records, wall, per_sim, args, extra)
-
-
-def fmt(v, spec=".3f"):
-    return "-" if v is None else format(v, spec)
 
 
 def main():

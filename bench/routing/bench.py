@@ -255,6 +255,11 @@ async def one(port, body, timeout):
         return False, None, time.perf_counter() - start, backend, None, None
 
 
+def fmt_or_dash(v, spec=".3f"):
+    """A table cell: `v` formatted, or "-" when it was not measured."""
+    return "-" if v is None else format(v, spec)
+
+
 def shown_path(path):
     """A path as results show it: relative to the repository, or only its file name when it
     lies outside (results never name a folder of the machine that ran them)."""

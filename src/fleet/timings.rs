@@ -181,10 +181,7 @@ impl Timings {
 
     /// The kept windows, oldest first.
     pub fn windows(&self) -> Vec<Window> {
-        self.inner
-            .lock()
-            .map(|g| g.windows.iter().copied().collect())
-            .unwrap_or_default()
+        self.recent(KEPT)
     }
 
     /// The newest `n` windows, oldest first.

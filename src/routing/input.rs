@@ -58,14 +58,14 @@ impl RouteInput {
         Some(cached.min(self.prompt_tokens.saturating_sub(1)))
     }
 
-    /// The request as a backend without its prefix cached sees it (nothing there giving way
-    /// to it: see [`RouteInput::request_given`]).
-    pub(super) fn score_request(&self) -> score::Request {
+    /// The request as `b` sees it without its prefix cached, the requests there that give way
+    /// to it left out of its busy.
+    pub(super) fn score_request(&self, b: &Backend) -> score::Request {
         score::Request {
             prompt_tokens: self.prompt_tokens.min(self.tokens),
             output_tokens: self.tokens.saturating_sub(self.prompt_tokens),
             setup: Setup::Ready,
-            yielding: 0,
+            yielding: b.yielding_to(self.background),
         }
     }
 
@@ -77,7 +77,7 @@ impl RouteInput {
 
     /// [`RouteInput::request_on`] with `b`'s cached prefix already looked up.
     pub(super) fn request_given(&self, b: &Backend, cached: Option<u64>) -> score::Request {
-        let cold = self.score_request();
+        let cold = self.score_request(b);
         let setup = self
             .adapter
             .as_deref()
@@ -85,22 +85,19 @@ impl RouteInput {
         let cached = cached.unwrap_or(0);
         score::Request {
             prompt_tokens: cold.prompt_tokens - cached.min(cold.prompt_tokens),
-            output_tokens: cold.output_tokens,
             setup,
-            yielding: b.yielding_to(self.background),
+            ..cold
         }
     }
 
-    /// The request as a backend with its prefix cached sees it: only the rest of the prompt
-    /// (at least one token, as engines recompute the last one) is prefilled.
-    pub(super) fn warm_request(&self) -> score::Request {
-        let cold = self.score_request();
+    /// The request as `b` sees it with its prefix cached: only the rest of the prompt (at
+    /// least one token, as engines recompute the last one) is prefilled.
+    pub(super) fn warm_request(&self, b: &Backend) -> score::Request {
+        let cold = self.score_request(b);
         let prefix = self.prefix_tokens.min(cold.prompt_tokens.saturating_sub(1));
         score::Request {
             prompt_tokens: cold.prompt_tokens - prefix,
-            output_tokens: cold.output_tokens,
-            setup: Setup::Ready,
-            yielding: 0,
+            ..cold
         }
     }
 }

@@ -25,21 +25,18 @@ impl Policy for PrefixAffinity {
         let names: Vec<&str> = backends.iter().map(|b| b.name()).collect();
         let order = affinity::home_order(&names, &weights, prefix);
         let prior = Prior::of(backends);
-        let cold = pick.input.score_request();
-        let warm = pick.input.warm_request();
-        // what gives way to this request on each backend
-        let on = |i: usize, r: score::Request| score::Request {
-            yielding: backends[i].yielding_to(pick.input.background),
-            ..r
-        };
         let cold: Vec<score::Breakdown> = (0..backends.len())
-            .map(|i| score::breakdown(backends[i], models[i], on(i, cold), prior))
+            .map(|i| {
+                let cold = pick.input.score_request(backends[i]);
+                score::breakdown(backends[i], models[i], cold, prior)
+            })
             .collect();
         for i in order {
             if affinity::overloaded(&cold, i) {
                 continue;
             }
-            let warm = score::breakdown(backends[i], models[i], on(i, warm), prior);
+            let warm = pick.input.warm_request(backends[i]);
+            let warm = score::breakdown(backends[i], models[i], warm, prior);
             if !affinity::too_slow(&warm, &cold) {
                 return i;
             }
