@@ -345,12 +345,14 @@ def start_fleet(procs, binary, speed, tmp):
     return {name: start_sim(procs, binary, speed, tmp, name, extra) for name, extra in FLEET}
 
 
-def sluice_config(policy, tokenizer, sims, gw, admin):
+def sluice_config(policy, tokenizer, sims, gw, admin, signals_interval=None):
     cfg = [f'[server]\nlisten = "127.0.0.1:{gw}"\n',
            f'[admin]\nlisten = "127.0.0.1:{admin}"\n',
            f'[routing]\npolicy = "{policy}"\nexpose_backend_header = true\n',
            '[timeouts]\nidle = "600s"\nfirst_byte = "600s"\nresponse = "600s"\n',
            '[queue]\nsize = 100000\ntimeout = "600s"\n']
+    if signals_interval:
+        cfg.append(f'[health]\nsignals_interval = "{signals_interval}"\n')
     if tokenizer:
         cfg.append(f'[[models]]\nname = "{MODEL}"\ntokenizer = "{TOKENIZER}"\n')
     for name, port in sims.items():
@@ -359,11 +361,11 @@ def sluice_config(policy, tokenizer, sims, gw, admin):
     return "\n".join(cfg)
 
 
-def start_sluice(procs, binary, policy, tokenizer, sims, tmp, tag):
+def start_sluice(procs, binary, policy, tokenizer, sims, tmp, tag, signals_interval=None):
     gw, admin = free_port(), free_port()
     path = os.path.join(tmp, f"{tag}.toml")
     with open(path, "w") as f:
-        f.write(sluice_config(policy, tokenizer, sims, gw, admin))
+        f.write(sluice_config(policy, tokenizer, sims, gw, admin, signals_interval))
     procs.start_logged([binary, "serve", "--config", path], os.path.join(tmp, f"{tag}.log"))
     wait_http(f"http://127.0.0.1:{gw}/readyz")
     # every backend's KV index live before traffic (the same start for every Sluice config)
@@ -658,11 +660,13 @@ def run_config(config, binary, sessions, args, tmp, peers):
         if config.startswith("sluice-"):
             policy = "prefix-affinity" if config == "sluice-prefix-aff" else "token-aware"
             tokenizer = config in ("sluice-exact", "sluice-2-replicas")
-            gw, admin = start_sluice(procs, binary, policy, tokenizer, sims, ctmp, "gw-a")
+            gw, admin = start_sluice(procs, binary, policy, tokenizer, sims, ctmp, "gw-a",
+                                    args.signals_interval)
             wait_router(gw, procs.procs[-1])
             routes = lambda s: gw  # noqa: E731
             if config == "sluice-2-replicas":
-                gw_b, _ = start_sluice(procs, binary, policy, tokenizer, sims, ctmp, "gw-b")
+                gw_b, _ = start_sluice(procs, binary, policy, tokenizer, sims, ctmp, "gw-b",
+                                      args.signals_interval)
                 wait_router(gw_b, procs.procs[-1])
                 routes = lambda s: gw if s % 2 == 0 else gw_b  # noqa: E731
                 probe_routes = lambda s: gw_b if s % 2 == 0 else gw  # noqa: E731
@@ -730,6 +734,8 @@ def main():
                     help="venv holding vllm-router and smg (created and filled if missing)")
     ap.add_argument("--trace-admin", action="store_true",
                     help="record Sluice's learned speeds and load every 0.5 s (work folder)")
+    ap.add_argument("--signals-interval", default=None,
+                    help="Sluice's [health] signals_interval (default: Sluice's own)")
     ap.add_argument("--smoke", action="store_true", help="under a minute: checks the harness")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "agents.json"))
     args = ap.parse_args()

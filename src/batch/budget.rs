@@ -3,8 +3,8 @@
 //! `[batch] max_ttft_rise` longer.
 //!
 //! ```text
-//! step(n)    = decode_base + decode_per_seq × n + prefill_per_token × prompt
-//!              a step of the engine's n interactive requests that holds a typical prefill
+//! step(n)    = decode_base + decode_per_seq × n + prefill_per_token × prompt per step
+//!              the engine's mean step with n interactive requests
 //! line cost  = decode_per_seq + prefill_per_token × line prompt / line output
 //!              what one batch line adds to each step: its own decode, and its prefill
 //!              spread over the steps of its answer
@@ -14,12 +14,12 @@
 //! An interactive request's first token comes at the end of the step that holds its prefill,
 //! after the steps it waited through for it: each made at most `max_ttft_rise` longer, its
 //! TTFT rises by at most as much, as long as it does not wait for a slot (the slot headroom
-//! and [`MakeRoom`] keep that away). `prompt` is the engine's mean computed prompt per request
-//! over the same windows, batch lines included (a short batch prompt only makes the step, and
-//! so the allowance, smaller). Steps without a prefill (its later tokens) can rise more: the
-//! bound is on the time to the first token, not the time per token. A batch line's own prefill
-//! lands whole in one step: the bound holds on average over steps, not for the step that holds
-//! a long batch prompt.
+//! and [`MakeRoom`] keep that away). `prompt per step` is what the engine computed of prompts
+//! per step over the same windows, batch lines included: the mean step, not one that holds a
+//! whole typical prompt: a few long prompts make the mean prompt, and a step sized on it would
+//! allow several times what the steps of a short request hide. A step that holds a long
+//! prefill rises less than the bound, one with none more: the bound holds on average over
+//! steps, as does a line's own prefill, which lands whole in one step.
 //!
 //! Step costs are fitted ([`crate::batching::fit`]) to the engine's newest timing windows
 //! ([`crate::fleet::timings`]), again at most every [`REFIT`], and taken one standard error
@@ -27,7 +27,11 @@
 //! noisy fit allows less; the lines' prompt (computed, not cached) and output sizes are
 //! averages of their answers' usage. An engine without a fit yet, or one that reports no step
 //! timing, has no allowance beyond its free slots. One line per engine may always run, so a
-//! batch moves wherever there is a free slot.
+//! batch moves wherever there is a free slot. The allowance is linear in `n`, so it is
+//! published as a bound ([`LineBound`]) each backend applies to its own count at each pick;
+//! a backend without interactive traffic for a while has no interactive time to protect and
+//! lifts it, and the first interactive request routed there makes the lines over it give way
+//! ([`crate::fleet::background`]).
 //!
 //! [`MakeRoom`]: crate::fleet::make_room::MakeRoom
 
@@ -38,6 +42,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::batching::fit;
+use crate::fleet::background::LineBound;
 use crate::fleet::speed::Ewma;
 use crate::fleet::Backend;
 use crate::telemetry::metrics as m;
@@ -47,13 +52,13 @@ pub const REFIT: Duration = Duration::from_secs(5);
 /// Timing windows a fit reads: the newest five minutes at the default one-second scrape.
 const WINDOWS: usize = 300;
 
-/// An engine's step costs, in seconds, and its mean computed prompt per request.
+/// An engine's step costs, in seconds, and the prompt tokens it computes per step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Costs {
     decode_base: f64,
     decode_per_seq: f64,
     prefill_per_token: f64,
-    prompt: f64,
+    prompt_per_step: f64,
 }
 
 /// One backend's costs and when they were fitted (`None`: no fit then).
@@ -111,16 +116,18 @@ impl StepBudget {
         self.output.observe(output as f64);
     }
 
-    /// The most batch lines `b` may hold now (`None`: no fitted costs, no bound), also set on
-    /// the backend for routing and shown in `/metrics`.
+    /// The most batch lines `b` may hold now (`None`: no bound but its slots): its bound
+    /// (none without fitted costs) is published on the backend for routing, and the
+    /// allowance shown in `/metrics` (`+Inf` without a bound, or while the backend has no
+    /// interactive traffic: [`crate::fleet::background`]).
     pub fn allow(&self, b: &Backend) -> Option<u64> {
-        let allowance = self
+        let bound = self
             .costs(b)
-            .map(|c| allowance(c, self.max_rise, interactive(b), self.line_shape()));
-        b.state.set_background_allowance(allowance);
-        if let Some(a) = allowance {
-            metrics::gauge!(m::BATCH_ALLOWANCE, "backend" => b.name().to_string()).set(a as f64);
-        }
+            .map(|c| bound(c, self.max_rise, self.line_shape()));
+        b.state.set_background_bound(bound);
+        let allowance = b.state.background_allowance();
+        metrics::gauge!(m::BATCH_ALLOWANCE, "backend" => b.name().to_string())
+            .set(allowance.map_or(f64::INFINITY, |a| a as f64));
         allowance
     }
 
@@ -151,7 +158,7 @@ impl StepBudget {
                 decode_per_seq: (f.decode_per_seq.value + f.decode_per_seq.stderr).max(0.0),
                 prefill_per_token: (f.prefill_per_token.value + f.prefill_per_token.stderr)
                     .max(0.0),
-                prompt: mean_prompt(&windows),
+                prompt_per_step: prompt_per_step(&windows),
             };
             (c.decode_base.is_finite() && c.decode_base > 0.0).then_some(c)
         });
@@ -160,47 +167,37 @@ impl StepBudget {
     }
 }
 
-/// Interactive requests the gateway has in flight on `b`. Not the engine's count: it holds
-/// lines that have ended since it was read, and the fewer interactive requests counted the
-/// shorter the step they are hidden in, so leaving out other replicas' only errs low.
-fn interactive(b: &Backend) -> f64 {
-    b.state
-        .inflight_requests()
-        .saturating_sub(b.state.background_requests()) as f64
-}
-
-/// Computed prompt tokens per prefilled request over `windows` (0 without one).
-fn mean_prompt(windows: &[fit::Window]) -> f64 {
-    // A TGI window counts prefill passes, each of several requests: the requests are its
-    // `prefill_seqs`.
-    let (tokens, requests) = windows.iter().fold((0.0, 0.0), |(t, r), w| {
-        let n = if w.prefill_seqs > 0.0 {
-            w.prefill_seqs
-        } else {
-            w.prefill_count
-        };
-        (t + w.prefill_tokens, r + n)
-    });
-    if requests >= 1.0 {
-        tokens / requests
+/// Prompt tokens computed per step over `windows` (0 without a step).
+fn prompt_per_step(windows: &[fit::Window]) -> f64 {
+    let (tokens, steps) = windows
+        .iter()
+        .fold((0.0, 0.0), |(t, s), w| (t + w.prompt_computed, s + w.steps));
+    if steps >= 1.0 {
+        tokens / steps
     } else {
         0.0
     }
 }
 
-/// The allowance by the formula of the module doc.
-fn allowance(c: Costs, max_rise: f64, interactive: f64, prompt_per_output: f64) -> u64 {
-    let step = c.decode_base + c.decode_per_seq * interactive + c.prefill_per_token * c.prompt;
+/// The bound by the formula of the module doc: `lines + per_interactive × n`.
+fn bound(c: Costs, max_rise: f64, prompt_per_output: f64) -> LineBound {
     let line = c.decode_per_seq + c.prefill_per_token * prompt_per_output;
     if line <= 0.0 {
-        return u64::MAX - 1;
+        return LineBound {
+            lines: f64::INFINITY,
+            per_interactive: 0.0,
+        };
     }
-    let n = (max_rise * step / line).floor();
-    if n.is_finite() {
-        (n as u64).max(1)
-    } else {
-        1
+    LineBound {
+        lines: max_rise * (c.decode_base + c.prefill_per_token * c.prompt_per_step) / line,
+        per_interactive: max_rise * c.decode_per_seq / line,
     }
+}
+
+/// The allowance with `interactive` requests in flight.
+#[cfg(test)]
+fn allowance(c: Costs, max_rise: f64, interactive: f64, prompt_per_output: f64) -> u64 {
+    bound(c, max_rise, prompt_per_output).at(interactive as u64)
 }
 
 #[cfg(test)]
@@ -212,7 +209,7 @@ mod tests {
         decode_base: 0.010,
         decode_per_seq: 0.0001,
         prefill_per_token: 0.00005,
-        prompt: 0.0,
+        prompt_per_step: 0.0,
     };
 
     #[test]
@@ -229,10 +226,10 @@ mod tests {
     }
 
     #[test]
-    fn a_step_that_prefills_a_typical_prompt_hides_more_lines() {
+    fn the_prefill_of_a_mean_step_hides_more_lines() {
         // 10 ms + 1 ms + 200 tokens at 50 us: a 21 ms step, 5% of it 1.05 ms.
         let c = Costs {
-            prompt: 200.0,
+            prompt_per_step: 200.0,
             ..FAST
         };
         assert_eq!(allowance(c, 0.05, 10.0, 0.0), 10);
@@ -246,14 +243,17 @@ mod tests {
     }
 
     #[test]
-    fn the_typical_prompt_is_per_prefilled_request() {
-        let w = |tokens: f64, requests: f64| fit::Window {
-            prefill_tokens: tokens,
-            prefill_count: requests,
+    fn the_prefill_per_step_is_over_every_step_not_per_request() {
+        // 4 requests of 1,000 tokens over 80 steps: 50 tokens a step, where a step holding a
+        // mean prompt would be priced at 1,000
+        let w = |tokens: f64, steps: f64| fit::Window {
+            prompt_computed: tokens,
+            steps,
+            prefill_count: 2.0,
             ..Default::default()
         };
-        assert_eq!(mean_prompt(&[]), 0.0);
-        assert_eq!(mean_prompt(&[w(1000.0, 2.0), w(200.0, 2.0)]), 300.0);
+        assert_eq!(prompt_per_step(&[]), 0.0);
+        assert_eq!(prompt_per_step(&[w(3000.0, 40.0), w(1000.0, 40.0)]), 50.0);
     }
 
     #[test]

@@ -75,6 +75,12 @@ pub struct Window {
     pub sent_sum: f64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub sent_count: f64,
+    /// Of those, the streamed ones: sum and count of their time from the gateway sending them
+    /// to their first token.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_sum: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_count: f64,
 }
 
 fn is_zero(v: &f64) -> bool {
@@ -242,31 +248,60 @@ pub fn fit(windows: &[Window]) -> Result<EngineFit, FitError> {
 /// Answers the gateway must have timed before [`outside`] is offered.
 pub const MIN_OUTSIDE_SAMPLES: f64 = 10.0;
 
-/// The part of a request's time spent outside the engine's scheduler: the gateway's mean time
-/// from sending a request to its last byte over the engine's mean queue wait plus inference
-/// time (the HTTP exchange, the engine's frontend parsing and tokenizing, the network). The
-/// same requests on both sides, but not counted in the same windows, so means of sums; the
-/// standard error is that of the per-window differences (a floor). `None` without
-/// [`MIN_OUTSIDE_SAMPLES`] answers on both sides.
+/// The part of a request's time to first token spent outside the engine's scheduler (the
+/// HTTP exchange, the engine's frontend parsing and tokenizing, the network).
+///
+/// Where the gateway timed streamed answers' first tokens and the engine reports each
+/// request's prefill (vLLM): the gateway's mean time to first token over the engine's mean
+/// queue wait plus prefill. Otherwise the gateway's mean time to the last byte over the
+/// engine's mean queue wait plus inference, which also holds what the frontend spends on each
+/// later token (detokenizing, framing), so it reads high for long answers. The same requests
+/// on both sides, but not counted in the same windows, so means of sums; the standard error
+/// is that of the per-window differences (a floor). `None` without [`MIN_OUTSIDE_SAMPLES`]
+/// answers on both sides.
 pub fn outside(windows: &[Window]) -> Option<Estimate> {
     let total = |f: fn(&Window) -> f64| windows.iter().map(f).sum::<f64>();
+    let per_request_prefill = windows.iter().all(|w| w.prefill_seqs == 0.0);
+    if per_request_prefill
+        && total(|w| w.first_count) >= MIN_OUTSIDE_SAMPLES
+        && total(|w| w.prefill_count) >= MIN_OUTSIDE_SAMPLES
+    {
+        return gap(
+            windows,
+            |w| (w.first_sum, w.first_count),
+            |w| (w.prefill_sum, w.prefill_count),
+        );
+    }
+    gap(
+        windows,
+        |w| (w.sent_sum, w.sent_count),
+        |w| (w.inference_sum, w.inference_count),
+    )
+}
+
+/// The gateway's mean (`gateway`: sum, count) over the engine's mean queue wait plus the
+/// engine's mean of `engine`, with the standard error of the per-window differences.
+fn gap(
+    windows: &[Window],
+    gateway: fn(&Window) -> (f64, f64),
+    engine: fn(&Window) -> (f64, f64),
+) -> Option<Estimate> {
+    let total = |f: &dyn Fn(&Window) -> f64| windows.iter().map(f).sum::<f64>();
     let mean = |sum: f64, n: f64| if n >= 1.0 { sum / n } else { 0.0 };
-    let (sent, n) = (total(|w| w.sent_sum), total(|w| w.sent_count));
-    let done = total(|w| w.inference_count);
+    let (sent, n) = (total(&|w| gateway(w).0), total(&|w| gateway(w).1));
+    let done = total(&|w| engine(w).1);
     if n < MIN_OUTSIDE_SAMPLES || done < MIN_OUTSIDE_SAMPLES {
         return None;
     }
-    let engine = mean(total(|w| w.queue_sum), total(|w| w.queue_count))
-        + mean(total(|w| w.inference_sum), done);
-    let value = (mean(sent, n) - engine).max(0.0);
+    let inside = |w: &Window| mean(w.queue_sum, w.queue_count) + mean(engine(w).0, engine(w).1);
+    let value = (mean(sent, n)
+        - mean(total(&|w| w.queue_sum), total(&|w| w.queue_count))
+        - mean(total(&|w| engine(w).0), done))
+    .max(0.0);
     let gaps: Vec<(f64, f64)> = windows
         .iter()
-        .filter(|w| w.sent_count >= 1.0 && w.inference_count >= 1.0)
-        .map(|w| {
-            let engine =
-                mean(w.queue_sum, w.queue_count) + mean(w.inference_sum, w.inference_count);
-            (w.sent_count, w.sent_sum / w.sent_count - engine)
-        })
+        .filter(|w| gateway(w).1 >= 1.0 && engine(w).1 >= 1.0)
+        .map(|w| (gateway(w).1, gateway(w).0 / gateway(w).1 - inside(w)))
         .collect();
     let weight: f64 = gaps.iter().map(|g| g.0).sum();
     let centre = gaps.iter().map(|g| g.0 * g.1).sum::<f64>() / weight.max(1.0);

@@ -14,7 +14,8 @@ use bytes::Bytes;
 use http::{header, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Limited};
 
-use super::load::LoadCounters;
+use super::background::LineBound;
+use super::load::{LoadCounters, Yielding};
 use super::signals::Signals;
 use super::speed::Speeds;
 use crate::config::{BackendConfig, BackendKind, HealthConfig};
@@ -190,9 +191,9 @@ pub struct BackendState {
     /// When it last answered a live request (ms since process start; 0 = never): the
     /// adaptive first-byte deadline counts a wait only while other backends answer.
     last_answer_ms: AtomicU64,
-    /// The most background requests routed here at once (`u64::MAX`: no bound), set by
-    /// whoever runs them (the batch runner's step budget).
-    background_allowance: AtomicU64,
+    /// The bound on background requests here, set by whoever runs them (the batch
+    /// runner's step budget), and when an interactive request last came.
+    background: super::background::Background,
 }
 
 impl Default for BackendState {
@@ -224,7 +225,7 @@ impl BackendState {
             adapters: Default::default(),
             withdrawals: tokio::sync::watch::Sender::new(0),
             last_answer_ms: AtomicU64::new(0),
-            background_allowance: AtomicU64::new(u64::MAX),
+            background: Default::default(),
         }
     }
 
@@ -243,20 +244,37 @@ impl BackendState {
         self.load.background()
     }
 
-    /// The most background requests routed here at once (`None`: no bound but the slots).
+    /// What the background requests in flight hold of the counters.
+    pub fn background_load(&self) -> Yielding {
+        self.load.background_load()
+    }
+
+    /// The most background requests routed here at once now (`None`: no bound but the
+    /// slots), by the published bound and the interactive requests in flight
+    /// ([`super::background`]).
     pub fn background_allowance(&self) -> Option<u64> {
-        match self.background_allowance.load(Ordering::Relaxed) {
-            u64::MAX => None,
-            n => Some(n),
-        }
+        let interactive = self
+            .inflight_requests()
+            .saturating_sub(self.background_requests());
+        self.background.allowance(interactive, monotonic_ms())
     }
 
     /// Bound the background requests routed here from now on (`None`: no bound). Those in
     /// flight are not cut; a pick reads the bound without holding it, so lines routed at the
     /// same instant can pass it by the few of one dispatch round.
-    pub fn set_background_allowance(&self, allowance: Option<u64>) {
-        let v = allowance.map_or(u64::MAX, |n| n.min(u64::MAX - 1));
-        self.background_allowance.store(v, Ordering::Relaxed);
+    pub fn set_background_bound(&self, bound: Option<LineBound>) {
+        self.background.set(bound);
+    }
+
+    /// An interactive request, counted in flight here, was routed here: the allowance holds
+    /// (see [`super::background::IDLE`]). Whether the backend was idle until it came (its
+    /// background requests held no bound).
+    pub fn interactive_routed(&self) -> bool {
+        let others = self
+            .inflight_requests()
+            .saturating_sub(self.background_requests())
+            .saturating_sub(1);
+        self.background.interactive_routed(monotonic_ms(), others)
     }
 
     /// Tokens (prompt still to prefill plus output still expected) of the requests in flight.
@@ -657,13 +675,14 @@ impl Backend {
         }
     }
 
-    /// Slots background requests hold here that count as free for a request: all of them for
-    /// an interactive request (they give way to it), none for a background one.
-    pub fn yielding_to(&self, background: bool) -> u64 {
+    /// What background requests hold here that counts as free for a request: all of it for
+    /// an interactive request (they give way to it; their slots, tokens and pending
+    /// prefills), nothing for a background one.
+    pub fn yielding_to(&self, background: bool) -> Yielding {
         if background {
-            0
+            Yielding::NONE
         } else {
-            self.state.background_requests()
+            self.state.background_load()
         }
     }
 
@@ -679,7 +698,7 @@ impl Backend {
             return false;
         }
         self.cap().is_none_or(|c| {
-            self.state.inflight_requests() < c.saturating_add(self.yielding_to(background))
+            self.state.inflight_requests() < c.saturating_add(self.yielding_to(background).requests)
         })
     }
 
@@ -905,7 +924,19 @@ mod tests {
     fn a_background_allowance_bounds_only_background_requests() {
         let b = backend(BackendKind::Vllm, "http://127.0.0.1:1", &["m"], &[]);
         assert_eq!(b.state.background_allowance(), None);
-        b.state.set_background_allowance(Some(1));
+        let one = LineBound {
+            lines: 1.0,
+            per_interactive: 0.0,
+        };
+        b.state.set_background_bound(Some(one));
+        assert_eq!(
+            b.state.background_allowance(),
+            None,
+            "no interactive request has come: nothing to protect"
+        );
+        let _interactive = LoadGuard::claim(b.state.clone(), 1, None, 0).unwrap();
+        assert!(b.state.interactive_routed(), "the first one after none");
+        assert_eq!(b.state.background_allowance(), Some(1));
         assert!(b.has_slot_for(true), "none held yet");
         let mut line = LoadGuard::claim(b.state.clone(), 1, None, 0).unwrap();
         line.set_background();
@@ -914,10 +945,18 @@ mod tests {
             b.has_slot_for(false),
             "interactive requests are not bounded by it"
         );
-        b.state.set_background_allowance(None);
+        let grows = LineBound {
+            lines: 1.0,
+            per_interactive: 1.0,
+        };
+        b.state.set_background_bound(Some(grows));
+        assert_eq!(
+            b.state.background_allowance(),
+            Some(2),
+            "one more per interactive"
+        );
+        b.state.set_background_bound(None);
         assert!(b.has_slot_for(true));
-        b.state.set_background_allowance(Some(u64::MAX));
-        assert_eq!(b.state.background_allowance(), Some(u64::MAX - 1));
     }
 
     #[test]

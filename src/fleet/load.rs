@@ -56,13 +56,46 @@ pub(super) struct LoadCounters {
     /// Requests without a first token yet, and their estimated prompt tokens.
     prefill_requests: AtomicU64,
     prefill_tokens: AtomicU64,
-    /// Of `requests`, those run in the background (which give their slot to interactive ones).
+    /// Of `requests`, those run in the background (which give their slot to interactive ones),
+    /// and their shares of the other counters.
     background: AtomicU64,
+    background_tokens: AtomicU64,
+    background_prefill_requests: AtomicU64,
+    background_prefill_tokens: AtomicU64,
+}
+
+/// What the background requests in flight on a backend hold of its counters: for an
+/// interactive request they are as if not there (they give way to it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Yielding {
+    pub requests: u64,
+    pub tokens: u64,
+    pub prefill_requests: u64,
+    pub prefill_tokens: u64,
+}
+
+impl Yielding {
+    /// Nothing gives way.
+    pub const NONE: Yielding = Yielding {
+        requests: 0,
+        tokens: 0,
+        prefill_requests: 0,
+        prefill_tokens: 0,
+    };
 }
 
 impl LoadCounters {
     pub(super) fn background(&self) -> u64 {
         self.background.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn background_load(&self) -> Yielding {
+        Yielding {
+            requests: self.background(),
+            tokens: self.background_tokens.load(Ordering::Relaxed),
+            prefill_requests: self.background_prefill_requests.load(Ordering::Relaxed),
+            prefill_tokens: self.background_prefill_tokens.load(Ordering::Relaxed),
+        }
     }
 
     pub(super) fn requests(&self) -> u64 {
@@ -153,14 +186,21 @@ impl LoadGuard {
         self
     }
 
-    /// Count the request among the background ones (once).
+    /// Count the request among the background ones (once), with its tokens and pending
+    /// prefill.
     pub fn set_background(&mut self) {
         if !self.background {
             self.background = true;
-            self.state
-                .counters()
-                .background
-                .fetch_add(1, Ordering::Relaxed);
+            let c = self.state.counters();
+            c.background.fetch_add(1, Ordering::Relaxed);
+            c.background_tokens
+                .fetch_add(self.tokens, Ordering::Relaxed);
+            if let Some(prompt) = self.prefill {
+                c.background_prefill_requests
+                    .fetch_add(1, Ordering::Relaxed);
+                c.background_prefill_tokens
+                    .fetch_add(prompt, Ordering::Relaxed);
+            }
         }
     }
 
@@ -178,7 +218,11 @@ impl LoadGuard {
     pub fn release_tokens(&mut self, n: u64) {
         let n = n.min(self.tokens);
         self.tokens -= n;
-        self.state.counters().tokens.fetch_sub(n, Ordering::Relaxed);
+        let c = self.state.counters();
+        c.tokens.fetch_sub(n, Ordering::Relaxed);
+        if self.background {
+            c.background_tokens.fetch_sub(n, Ordering::Relaxed);
+        }
     }
 
     /// The backend produced the request's first token: its prefill is done. Removes it from
@@ -204,6 +248,12 @@ impl LoadGuard {
         let c = self.state.counters();
         c.prefill_requests.fetch_sub(1, Ordering::Relaxed);
         c.prefill_tokens.fetch_sub(prompt, Ordering::Relaxed);
+        if self.background {
+            c.background_prefill_requests
+                .fetch_sub(1, Ordering::Relaxed);
+            c.background_prefill_tokens
+                .fetch_sub(prompt, Ordering::Relaxed);
+        }
     }
 
     pub fn state(&self) -> &Arc<BackendState> {
@@ -221,6 +271,8 @@ impl Drop for LoadGuard {
         c.tokens.fetch_sub(self.tokens, Ordering::Relaxed);
         if self.background {
             c.background.fetch_sub(1, Ordering::Relaxed);
+            c.background_tokens
+                .fetch_sub(self.tokens, Ordering::Relaxed);
         }
         if let Some(q) = self.wake.take() {
             q.slot_freed();
@@ -304,6 +356,37 @@ mod tests {
         assert_eq!(s.background_requests(), 0);
         drop(interactive);
         assert_eq!(s.inflight_requests(), 0);
+    }
+
+    #[test]
+    fn background_shares_follow_the_guard_through_first_token_release_and_drop() {
+        let s = Arc::new(BackendState::new());
+        let _fg = LoadGuard::new(s.clone(), Load::new(50, 20));
+        let mut bg = LoadGuard::new(s.clone(), Load::new(100, 60));
+        bg.set_background();
+        let y = |requests, tokens, prefill_requests, prefill_tokens| Yielding {
+            requests,
+            tokens,
+            prefill_requests,
+            prefill_tokens,
+        };
+        assert_eq!(s.background_load(), y(1, 100, 1, 60));
+        bg.release_tokens(10);
+        assert_eq!(s.background_load(), y(1, 90, 1, 60));
+        bg.first_token();
+        assert_eq!(s.background_load(), y(1, 30, 0, 0));
+        let mut late = LoadGuard::new(s.clone(), Load::new(40, 30));
+        late.first_token();
+        late.set_background();
+        assert_eq!(
+            s.background_load(),
+            y(2, 40, 0, 0),
+            "no prefill after the first token"
+        );
+        drop((bg, late));
+        assert_eq!(s.background_load(), Yielding::default());
+        assert_eq!(pending(&s), (1, 20), "the interactive one's, untouched");
+        assert_eq!(s.inflight_tokens(), 50);
     }
 
     #[test]

@@ -29,6 +29,7 @@
 
 pub mod adapters;
 pub mod backend;
+pub mod background;
 pub mod clock;
 pub mod discovery;
 pub mod health;
@@ -46,6 +47,6 @@ pub mod tokenize;
 pub mod view;
 
 pub use backend::{Backend, BackendState, Health};
-pub use load::{Load, LoadGuard};
+pub use load::{Load, LoadGuard, Yielding};
 pub use snapshot::{Fleet, Resolved};
 pub use view::BackendView;

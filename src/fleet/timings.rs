@@ -117,6 +117,8 @@ pub struct Timings {
     /// The gateway's own times from sending a request here to its last byte: total
     /// nanoseconds, count.
     answers: (AtomicU64, AtomicU64),
+    /// Of those, the streamed ones' times to their first token: total nanoseconds, count.
+    firsts: (AtomicU64, AtomicU64),
 }
 
 #[derive(Debug, Default)]
@@ -124,8 +126,9 @@ struct Inner {
     last: Option<Counters>,
     /// TGI's scrapes since its last prefill window.
     chunk: tgi::Chunk,
-    /// The gateway's answer totals already put in a window.
-    answers_kept: (u64, u64),
+    /// The gateway's answer totals (to the last byte, to the first token) already put in a
+    /// window.
+    answers_kept: [(u64, u64); 2],
     windows: VecDeque<Window>,
 }
 
@@ -160,23 +163,34 @@ impl Timings {
         }
     }
 
-    /// A request's answer ended `took` after it was sent to this backend.
-    pub fn answered(&self, took: Duration) {
-        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        self.answers.0.fetch_add(ns, Ordering::Relaxed);
-        self.answers.1.fetch_add(1, Ordering::Relaxed);
+    /// A request's answer ended `took` after it was sent to this backend, its first token
+    /// `first` after (streamed answers).
+    pub fn answered(&self, took: Duration, first: Option<Duration>) {
+        let add = |(sum, n): &(AtomicU64, AtomicU64), d: Duration| {
+            sum.fetch_add(
+                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+            n.fetch_add(1, Ordering::Relaxed);
+        };
+        add(&self.answers, took);
+        if let Some(first) = first {
+            add(&self.firsts, first);
+        }
     }
 
     /// Put the answers timed since the last window that got them into `w`.
     fn add_answers(&self, g: &mut Inner, w: &mut Window) {
-        let now = (
-            self.answers.0.load(Ordering::Relaxed),
-            self.answers.1.load(Ordering::Relaxed),
-        );
-        let (ns, n) = g.answers_kept;
-        w.sent_sum = now.0.saturating_sub(ns) as f64 / 1e9;
-        w.sent_count = now.1.saturating_sub(n) as f64;
-        g.answers_kept = now;
+        let mut since = |i: usize, (sum, n): &(AtomicU64, AtomicU64)| {
+            let now = (sum.load(Ordering::Relaxed), n.load(Ordering::Relaxed));
+            let kept = std::mem::replace(&mut g.answers_kept[i], now);
+            (
+                now.0.saturating_sub(kept.0) as f64 / 1e9,
+                now.1.saturating_sub(kept.1) as f64,
+            )
+        };
+        (w.sent_sum, w.sent_count) = since(0, &self.answers);
+        (w.first_sum, w.first_count) = since(1, &self.firsts);
     }
 
     /// The kept windows, oldest first.
@@ -234,6 +248,33 @@ mod tests {
         assert!((w.itl_sum - 0.9).abs() < 1e-12 && w.itl_count == 50.0);
         assert_eq!((w.prefill_count, w.prefill_tokens), (3.0, 600.0));
         assert_eq!(w.prompt_computed, 0.0, "only local_compute counts");
+    }
+
+    #[test]
+    fn a_window_holds_the_answers_timed_since_the_one_before() {
+        let t = Timings::default();
+        t.observe(read(&vllm(10.0, 40.0, (0.5, 30.0), (0.2, 2.0, 400.0)), 1.0));
+        let ms = Duration::from_millis;
+        t.answered(ms(500), Some(ms(40)));
+        t.answered(ms(300), None);
+        t.observe(read(&vllm(20.0, 80.0, (1.0, 60.0), (0.4, 4.0, 800.0)), 2.0));
+        t.answered(ms(100), Some(ms(20)));
+        t.observe(read(
+            &vllm(30.0, 120.0, (1.5, 90.0), (0.6, 6.0, 1200.0)),
+            3.0,
+        ));
+        let w = t.windows();
+        let got = |w: &Window| (w.sent_sum, w.sent_count, w.first_sum, w.first_count);
+        assert_eq!(
+            got(&w[0]),
+            (0.8, 2.0, 0.04, 1.0),
+            "a non-streamed answer has no first"
+        );
+        assert_eq!(
+            got(&w[1]),
+            (0.1, 1.0, 0.02, 1.0),
+            "each answer in one window only"
+        );
     }
 
     #[test]

@@ -74,13 +74,14 @@ pub fn learn_hook(
         // this request's guard is already released
         let busy = backend.state.inflight_requests() as f64 + 1.0;
         let total = o.elapsed.saturating_sub(sent_after);
-        backend.state.timings().answered(total);
+        let ttft = o.ttft.map(|t| t.saturating_sub(sent_after));
+        backend.state.timings().answered(total, ttft);
         backend.state.speeds().observe(
             &crate::fleet::speed::Observation {
                 prompt_tokens: u.prompt_tokens,
                 cached_tokens: u.cached_tokens.or(predicted_cached).unwrap_or(0),
                 completion_tokens: u.completion_tokens,
-                ttft: o.ttft.map(|t| t.saturating_sub(sent_after)),
+                ttft,
                 total,
                 queued: queued || o.queue_seen,
             },

@@ -3,7 +3,9 @@
 //! choice; when every untried candidate is at its concurrency cap, the fair queue. An
 //! interactive request that finds no free slot (it waits in the queue, will wait inside the
 //! engine it was sent to, or took a slot a background request holds, which counts as free for
-//! it) asks a background one of its model to give its slot up ([`MakeRoom`]).
+//! it) asks a background one of its model to give its slot up ([`MakeRoom`]); the first one
+//! routed to a backend idle of interactive traffic asks the background requests over the bound
+//! that holds again there to give way ([`crate::fleet::background`]).
 //!
 //! [`MakeRoom`]: crate::fleet::make_room::MakeRoom
 //!
@@ -90,11 +92,19 @@ pub(super) async fn pick(
             .is_some_and(|cap| backend.state.inflight_requests() > cap);
         match &p.background {
             Some(bg) => bg.routed(backend.name()),
-            None if c.queued || over_cap => {
-                gw.make_room
-                    .ask(&p.resolved.canonical, Some(backend.name()));
+            None => {
+                // Lines that filled a backend idle of interactive traffic, over the bound
+                // that holds again from this request on, give way too.
+                let woke = backend.state.interactive_routed();
+                let over = match woke.then(|| backend.state.background_allowance()) {
+                    Some(Some(a)) => backend.state.background_requests().saturating_sub(a),
+                    _ => 0,
+                };
+                for _ in 0..over + u64::from(c.queued || over_cap) {
+                    gw.make_room
+                        .ask(&p.resolved.canonical, Some(backend.name()));
+                }
             }
-            None => {}
         }
     }
     if let Some(span) = span {
@@ -180,7 +190,8 @@ pub(super) fn pick_and_claim(
         let cached = input.cached_on(backend);
         let yielding = backend.yielding_to(input.background);
         let load = input.load_given(cached);
-        let Some(guard) = LoadGuard::claim(backend.state.clone(), load, cap, yielding) else {
+        let Some(guard) = LoadGuard::claim(backend.state.clone(), load, cap, yielding.requests)
+        else {
             continue;
         };
         let guard = if cap.is_some() {

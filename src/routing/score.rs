@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! busy      = max(gateway in-flight requests, engine running + waiting)   (engine: if fresh)
-//!             − requests in flight that give way to this one (batch lines, for an interactive one)
+//!             − requests in flight that give way to this one (batch lines, for an interactive one;
+//!               their tokens and pending prefill are left out of those below too)
 //! slots     = learned full batch | max_concurrent (config or TGI /info) | per-kind default
 //! ahead     = max(0, busy + 1 − slots)                  requests queued before this one
 //! pending   = prompt tokens sent here whose first token has not come (pending prefill)
@@ -38,7 +39,7 @@ use std::sync::atomic::Ordering;
 use crate::config::BackendKind;
 use crate::fleet::adapters::{Setup, PRIOR_LOAD_SECONDS};
 use crate::fleet::backend::monotonic_ms;
-use crate::fleet::Backend;
+use crate::fleet::{Backend, Yielding};
 
 /// Prior prefill speed (tokens/s per request) before anything is measured.
 pub const PRIOR_PREFILL_TPS: f64 = 4000.0;
@@ -70,9 +71,10 @@ pub struct Request {
     /// What this backend must do before it can start it at all (a LoRA adapter to load or
     /// swap in).
     pub setup: Setup,
-    /// Requests in flight there that give their slot up to this one: the background ones,
-    /// for an interactive request ([`Backend::yielding_to`]). They do not count in its busy.
-    pub yielding: u64,
+    /// What requests in flight there that give their slot up to this one hold (the
+    /// background ones, for an interactive request: [`Backend::yielding_to`]). It does not
+    /// count in its busy, tokens in flight or pending prefill.
+    pub yielding: Yielding,
 }
 
 /// Relative distance below the candidates' fastest measured speed (prefill or decode) within
@@ -199,18 +201,23 @@ pub fn slots_source(b: &Backend) -> &'static str {
 /// Expected seconds to finish `req` on `b` (serving it as `model`).
 pub fn breakdown(b: &Backend, model: &str, req: Request, prior: Prior) -> Breakdown {
     let st = &b.state;
-    let gw_busy = st.inflight_requests() as f64;
-    let gw_tokens = st.inflight_tokens() as f64;
-    let pending_requests = st.pending_prefill_requests() as f64;
+    // Requests that give way to this one (batch lines, for an interactive request) leave it
+    // their slots, and the step budget keeps what they add to each step small
+    // (`batch::budget`): it is scored as if they were not there. (A line's answer is not
+    // streamed, so its prompt would otherwise count as pending prefill until it ends.)
+    let y = req.yielding;
+    let gw_busy = st.inflight_requests().saturating_sub(y.requests) as f64;
+    let gw_tokens = st.inflight_tokens().saturating_sub(y.tokens) as f64;
+    let pending_requests = st
+        .pending_prefill_requests()
+        .saturating_sub(y.prefill_requests) as f64;
     // (the counters are read one by one: never more pending than in flight)
-    let pending_tokens = (st.pending_prefill_tokens() as f64).min(gw_tokens);
+    let pending_tokens =
+        (st.pending_prefill_tokens().saturating_sub(y.prefill_tokens) as f64).min(gw_tokens);
     let sig = st.signals();
     let engine = sig.fresh().then(|| sig.load_for(model)).flatten();
     let engine_busy = engine.map_or(0.0, |l| l.running + l.waiting);
-    // Requests that give way to this one (batch lines, for an interactive request) leave it
-    // their slots, and the step budget keeps what they add to each step small
-    // (`batch::budget`): it is scored as if they were not there.
-    let busy = (gw_busy.max(engine_busy) - req.yielding as f64).max(0.0);
+    let busy = gw_busy.max(engine_busy - y.requests as f64).max(0.0);
     let slots = slots(b);
 
     let prefill_tps = st.speeds().prefill_tps.get().unwrap_or(prior.prefill_tps);
@@ -384,7 +391,7 @@ pub fn admin_view(b: &Backend) -> serde_json::Value {
             prompt_tokens: 1000,
             output_tokens: 200,
             setup: Setup::Ready,
-            yielding: 0,
+            yielding: Yielding::NONE,
         },
         Prior::of(&[b]),
     );
@@ -461,7 +468,7 @@ mod tests {
         prompt_tokens: 1000,
         output_tokens: 100,
         setup: Setup::Ready,
-        yielding: 0,
+        yielding: Yielding::NONE,
     };
     const PRIOR: Prior = Prior {
         prefill_tps: 1000.0,
@@ -604,7 +611,7 @@ mod tests {
             prompt_tokens: 20_000,
             output_tokens: 100,
             setup: Setup::Ready,
-            yielding: 0,
+            yielding: Yielding::NONE,
         };
         let (f, s) = (
             breakdown(&fast, "m", long, prior),
@@ -673,7 +680,7 @@ mod tests {
         let quiet = breakdown(&b, "m", REQ, PRIOR);
         let guards: Vec<LoadGuard> = (0..4)
             .map(|_| {
-                let mut g = LoadGuard::claim(b.state.clone(), Load::new(100, 0), None, 0).unwrap();
+                let mut g = LoadGuard::claim(b.state.clone(), Load::new(100, 60), None, 0).unwrap();
                 g.set_background();
                 g
             })
@@ -686,12 +693,17 @@ mod tests {
         assert_eq!(given_way.busy, 0.0);
         assert_eq!(given_way.queued_ahead, 0.0);
         assert_eq!(given_way.decode_seconds, quiet.decode_seconds);
+        // a line's answer is not streamed: its prompt stays a pending prefill until it ends,
+        // which is no work ahead of the request it gives way to
+        assert_eq!(given_way.pending_prefill_tokens, 0.0);
+        assert_eq!(given_way.ttft_seconds, quiet.ttft_seconds);
         let background = Request {
             yielding: b.yielding_to(true),
             ..REQ
         };
         let full = breakdown(&b, "m", background, PRIOR);
         assert_eq!((full.busy, full.queued_ahead), (4.0, 1.0));
+        assert_eq!(full.pending_prefill_tokens, 240.0);
         assert!(full.wait_seconds > 0.0 && given_way.wait_seconds == 0.0);
         drop(guards);
     }

@@ -286,7 +286,8 @@ pub const BATCH_LINES_QUEUED: &str = "sluice_batch_lines_queued";
 /// Batch lines running now.
 pub const BATCH_LINES_RUNNING: &str = "sluice_batch_lines_running";
 /// The most batch lines a backend may hold at once by its step budget (`[batch]
-/// max_ttft_rise`), by `backend`; absent for a backend without fitted step costs.
+/// max_ttft_rise`), by `backend`; `+Inf` without fitted step costs or while the backend has
+/// no interactive traffic.
 pub const BATCH_ALLOWANCE: &str = "sluice_batch_allowance";
 /// How long each batch line took in the request path (histogram): its `_sum` is the fleet time
 /// batches used of the idle capacity (its rate: the batch lines running on average).

@@ -287,3 +287,53 @@ fn the_time_outside_the_engine_is_the_gateways_answer_time_over_queue_and_infere
     let fast: Vec<Window> = (0..10).map(|_| w(0.5)).collect();
     assert_eq!(outside(&fast).map(|o| o.value), Some(0.0));
 }
+
+#[test]
+fn where_first_tokens_are_timed_the_time_outside_is_that_before_the_first_token() {
+    // 40 streamed answers: first token at 45 ms by the gateway, the engine's requests waited
+    // 20 ms and prefilled in 13 ms (12 ms before the first token went elsewhere); their last
+    // bytes at 580 ms over 535 ms of inference (25 ms: the frontend's work on later tokens too)
+    let w = |first: f64| Window {
+        steps: 10.0,
+        generated: 20.0,
+        prefill_sum: 0.013 * 4.0,
+        prefill_count: 4.0,
+        queue_sum: 0.020 * 4.0,
+        queue_count: 4.0,
+        inference_sum: 0.535 * 4.0,
+        inference_count: 4.0,
+        sent_sum: 0.580 * 4.0,
+        sent_count: 4.0,
+        first_sum: first * 4.0,
+        first_count: 4.0,
+        ..Window::default()
+    };
+    let windows: Vec<Window> = (0..10)
+        .map(|i| w(if i % 2 == 0 { 0.044 } else { 0.046 }))
+        .collect();
+    let o = outside(&windows).expect("enough answers");
+    assert!((o.value - 0.012).abs() < 1e-9, "{o:?}");
+    assert!(o.stderr > 0.0 && o.stderr < 0.01, "{o:?}");
+    // prefills counted per pass (TGI), not per request: the answers' ends
+    let passes: Vec<Window> = windows
+        .iter()
+        .map(|w| Window {
+            prefill_seqs: 8.0,
+            ..*w
+        })
+        .collect();
+    let o = outside(&passes).expect("enough answers");
+    assert!((o.value - 0.025).abs() < 1e-9, "{o:?}");
+    // too few streamed answers: the answers' ends
+    let few: Vec<Window> = windows
+        .iter()
+        .enumerate()
+        .map(|(i, w)| Window {
+            first_count: if i == 0 { 4.0 } else { 0.0 },
+            first_sum: if i == 0 { w.first_sum } else { 0.0 },
+            ..*w
+        })
+        .collect();
+    let o = outside(&few).expect("enough answers");
+    assert!((o.value - 0.025).abs() < 1e-9, "{o:?}");
+}
