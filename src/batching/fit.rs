@@ -252,13 +252,16 @@ pub const MIN_OUTSIDE_SAMPLES: f64 = 10.0;
 /// HTTP exchange, the engine's frontend parsing and tokenizing, the network).
 ///
 /// Where the gateway timed streamed answers' first tokens and the engine reports each
-/// request's prefill (vLLM): the gateway's mean time to first token over the engine's mean
-/// queue wait plus prefill. Otherwise the gateway's mean time to the last byte over the
-/// engine's mean queue wait plus inference, which also holds what the frontend spends on each
-/// later token (detokenizing, framing), so it reads high for long answers. The same requests
-/// on both sides, but not counted in the same windows, so means of sums; the standard error
-/// is that of the per-window differences (a floor). `None` without [`MIN_OUTSIDE_SAMPLES`]
-/// answers on both sides.
+/// request's prefill (vLLM): the gateway's time to first token over the engine's queue wait
+/// plus prefill. Otherwise the gateway's time to the last byte over the engine's queue wait
+/// plus inference, which also holds what the frontend spends on each later token
+/// (detokenizing, framing). Per window, means on both sides (the same requests, but not
+/// counted in the same windows); the estimate is the median of the windows' differences,
+/// weighted by the answers timed: a frontend starved of CPU now and then stalls a few answers
+/// by hundreds of milliseconds, which would make a mean several times the typical request's
+/// (the fit's `time_ratio` and its stall warning speak for those). The standard error is that
+/// of the differences around it (a floor). `None` without [`MIN_OUTSIDE_SAMPLES`] answers on
+/// both sides.
 pub fn outside(windows: &[Window]) -> Option<Estimate> {
     let total = |f: fn(&Window) -> f64| windows.iter().map(f).sum::<f64>();
     let per_request_prefill = windows.iter().all(|w| w.prefill_seqs == 0.0);
@@ -279,39 +282,64 @@ pub fn outside(windows: &[Window]) -> Option<Estimate> {
     )
 }
 
-/// The gateway's mean (`gateway`: sum, count) over the engine's mean queue wait plus the
-/// engine's mean of `engine`, with the standard error of the per-window differences.
+/// The weighted median, over the windows timed on both sides, of the gateway's mean
+/// (`gateway`: sum, count) less the engine's mean queue wait and mean of `engine`; with the
+/// standard error of the differences around it.
 fn gap(
     windows: &[Window],
     gateway: fn(&Window) -> (f64, f64),
     engine: fn(&Window) -> (f64, f64),
 ) -> Option<Estimate> {
     let total = |f: &dyn Fn(&Window) -> f64| windows.iter().map(f).sum::<f64>();
-    let mean = |sum: f64, n: f64| if n >= 1.0 { sum / n } else { 0.0 };
-    let (sent, n) = (total(&|w| gateway(w).0), total(&|w| gateway(w).1));
-    let done = total(&|w| engine(w).1);
-    if n < MIN_OUTSIDE_SAMPLES || done < MIN_OUTSIDE_SAMPLES {
+    if total(&|w| gateway(w).1) < MIN_OUTSIDE_SAMPLES
+        || total(&|w| engine(w).1) < MIN_OUTSIDE_SAMPLES
+    {
         return None;
     }
-    let inside = |w: &Window| mean(w.queue_sum, w.queue_count) + mean(engine(w).0, engine(w).1);
-    let value = (mean(sent, n)
-        - mean(total(&|w| w.queue_sum), total(&|w| w.queue_count))
-        - mean(total(&|w| engine(w).0), done))
-    .max(0.0);
-    let gaps: Vec<(f64, f64)> = windows
+    let mean = |(sum, n): (f64, f64)| if n >= 1.0 { sum / n } else { 0.0 };
+    let mut gaps: Vec<(f64, f64)> = windows
         .iter()
         .filter(|w| gateway(w).1 >= 1.0 && engine(w).1 >= 1.0)
-        .map(|w| (gateway(w).1, gateway(w).0 / gateway(w).1 - inside(w)))
+        .map(|w| {
+            let inside = mean((w.queue_sum, w.queue_count)) + mean(engine(w));
+            (mean(gateway(w)) - inside, gateway(w).1)
+        })
+        .filter(|g| g.0.is_finite())
         .collect();
-    let weight: f64 = gaps.iter().map(|g| g.0).sum();
-    let centre = gaps.iter().map(|g| g.0 * g.1).sum::<f64>() / weight.max(1.0);
+    let centre = weighted_median(&mut gaps)?;
+    let weight: f64 = gaps.iter().map(|g| g.1).sum();
     let spread = gaps
         .iter()
-        .map(|g| g.0 * (g.1 - centre).powi(2))
+        .map(|g| g.1 * (g.0 - centre).powi(2))
         .sum::<f64>()
         / weight.max(1.0);
     let stderr = (spread / (gaps.len() as f64).max(1.0)).sqrt();
-    (value.is_finite() && stderr.is_finite()).then_some(Estimate { value, stderr })
+    stderr.is_finite().then_some(Estimate {
+        value: centre.max(0.0),
+        stderr,
+    })
+}
+
+/// The median of `(value, weight)` pairs (sorted in place): the value where half the weight
+/// lies on each side, the midpoint of the two values around an exact half.
+fn weighted_median(pairs: &mut [(f64, f64)]) -> Option<f64> {
+    pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let half = pairs.iter().map(|p| p.1).sum::<f64>() / 2.0;
+    let mut below = 0.0;
+    for (i, &(value, weight)) in pairs.iter().enumerate() {
+        below += weight;
+        if below > half + 1e-9 {
+            return Some(value);
+        }
+        if below >= half - 1e-9 {
+            return Some(
+                pairs
+                    .get(i + 1)
+                    .map_or(value, |next| (value + next.0) / 2.0),
+            );
+        }
+    }
+    None
 }
 
 /// Huber-weighted least squares with θ ≥ 0: the estimate and its standard errors.

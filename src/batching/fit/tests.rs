@@ -337,3 +337,24 @@ fn where_first_tokens_are_timed_the_time_outside_is_that_before_the_first_token(
     let o = outside(&few).expect("enough answers");
     assert!((o.value - 0.025).abs() < 1e-9, "{o:?}");
 }
+
+#[test]
+fn a_few_stalled_answers_do_not_make_the_time_outside() {
+    // ten windows at 12 ms outside, two where the frontend stalled answers by half a second:
+    // the typical answer's time, not the mean's 95 ms
+    let w = |first: f64| Window {
+        steps: 10.0,
+        generated: 20.0,
+        prefill_sum: 0.010 * 4.0,
+        prefill_count: 4.0,
+        queue_count: 4.0,
+        first_sum: first * 4.0,
+        first_count: 4.0,
+        ..Window::default()
+    };
+    let windows: Vec<Window> = (0..12)
+        .map(|i| w(if i % 6 == 5 { 0.510 } else { 0.022 }))
+        .collect();
+    let o = outside(&windows).expect("enough answers");
+    assert!((o.value - 0.012).abs() < 1e-9, "{o:?}");
+}
