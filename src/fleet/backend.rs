@@ -193,7 +193,7 @@ pub struct BackendState {
     last_answer_ms: AtomicU64,
     /// The bound on background requests here, set by whoever runs them (the batch
     /// runner's step budget), and when an interactive request last came.
-    background: super::background::Background,
+    allowance: super::background::Allowance,
 }
 
 impl Default for BackendState {
@@ -225,7 +225,7 @@ impl BackendState {
             adapters: Default::default(),
             withdrawals: tokio::sync::watch::Sender::new(0),
             last_answer_ms: AtomicU64::new(0),
-            background: Default::default(),
+            allowance: Default::default(),
         }
     }
 
@@ -256,14 +256,14 @@ impl BackendState {
         let interactive = self
             .inflight_requests()
             .saturating_sub(self.background_requests());
-        self.background.allowance(interactive, monotonic_ms())
+        self.allowance.allowance(interactive, monotonic_ms())
     }
 
     /// Bound the background requests routed here from now on (`None`: no bound). Those in
     /// flight are not cut; a pick reads the bound without holding it, so lines routed at the
     /// same instant can pass it by the few of one dispatch round.
     pub fn set_background_bound(&self, bound: Option<LineBound>) {
-        self.background.set(bound);
+        self.allowance.set(bound);
     }
 
     /// An interactive request, counted in flight here, was routed here: the allowance holds
@@ -274,7 +274,7 @@ impl BackendState {
             .inflight_requests()
             .saturating_sub(self.background_requests())
             .saturating_sub(1);
-        self.background.interactive_routed(monotonic_ms(), others)
+        self.allowance.interactive_routed(monotonic_ms(), others)
     }
 
     /// Tokens (prompt still to prefill plus output still expected) of the requests in flight.

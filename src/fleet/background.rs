@@ -37,7 +37,7 @@ impl LineBound {
 
 /// One backend's published bound and its last interactive request.
 #[derive(Debug)]
-pub struct Background {
+pub struct Allowance {
     /// `LineBound`'s two fields as f64 bits; `lines` is `u64::MAX` for no bound.
     lines: AtomicU64,
     per_interactive: AtomicU64,
@@ -46,9 +46,9 @@ pub struct Background {
     last_interactive_ms: AtomicU64,
 }
 
-impl Default for Background {
+impl Default for Allowance {
     fn default() -> Self {
-        Background {
+        Allowance {
             lines: AtomicU64::new(u64::MAX),
             per_interactive: AtomicU64::new(0),
             last_interactive_ms: AtomicU64::new(0),
@@ -56,7 +56,7 @@ impl Default for Background {
     }
 }
 
-impl Background {
+impl Allowance {
     /// Publish the bound (`None`: none but the slots).
     pub fn set(&self, bound: Option<LineBound>) {
         match bound {
@@ -137,7 +137,7 @@ mod tests {
 
     #[test]
     fn a_backend_without_interactive_traffic_for_a_while_has_no_bound() {
-        let b = Background::default();
+        let b = Allowance::default();
         assert_eq!(b.allowance(0, 1_000), None, "nothing published");
         b.set(Some(BOUND));
         assert_eq!(b.allowance(0, 1_000), None, "no interactive request ever");
