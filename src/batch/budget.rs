@@ -123,7 +123,7 @@ impl StepBudget {
     pub fn allow(&self, b: &Backend) -> Option<u64> {
         let bound = self
             .costs(b)
-            .map(|c| bound(c, self.max_rise, self.line_shape()));
+            .and_then(|c| bound(c, self.max_rise, self.line_shape()));
         b.state.set_background_bound(bound);
         let allowance = b.state.background_allowance();
         metrics::gauge!(m::BATCH_ALLOWANCE, "backend" => b.name().to_string())
@@ -179,25 +179,21 @@ fn prompt_per_step(windows: &[fit::Window]) -> f64 {
     }
 }
 
-/// The bound by the formula of the module doc: `lines + per_interactive × n`.
-fn bound(c: Costs, max_rise: f64, prompt_per_output: f64) -> LineBound {
+/// The bound by the formula of the module doc: `lines + per_interactive × n`; `None` when a
+/// line costs nothing by the fit (its windows did not tell the cost of a sequence, and no line
+/// has answered yet): then nothing bounds the lines but the slots, as without a fit.
+fn bound(c: Costs, max_rise: f64, prompt_per_output: f64) -> Option<LineBound> {
     let line = c.decode_per_seq + c.prefill_per_token * prompt_per_output;
-    if line <= 0.0 {
-        return LineBound {
-            lines: f64::INFINITY,
-            per_interactive: 0.0,
-        };
-    }
-    LineBound {
+    (line > 0.0).then(|| LineBound {
         lines: max_rise * (c.decode_base + c.prefill_per_token * c.prompt_per_step) / line,
         per_interactive: max_rise * c.decode_per_seq / line,
-    }
+    })
 }
 
-/// The allowance with `interactive` requests in flight.
+/// The allowance with `interactive` requests in flight (`u64::MAX`: no bound).
 #[cfg(test)]
 fn allowance(c: Costs, max_rise: f64, interactive: f64, prompt_per_output: f64) -> u64 {
-    bound(c, max_rise, prompt_per_output).at(interactive as u64)
+    bound(c, max_rise, prompt_per_output).map_or(u64::MAX, |b| b.at(interactive as u64))
 }
 
 #[cfg(test)]
@@ -264,7 +260,7 @@ mod tests {
             prefill_per_token: 0.0,
             ..FAST
         };
-        assert_eq!(allowance(flat, 0.05, 3.0, 1.0), u64::MAX - 1);
+        assert_eq!(allowance(flat, 0.05, 3.0, 1.0), u64::MAX, "no bound");
     }
 
     #[test]
