@@ -253,10 +253,8 @@ impl BackendState {
     /// slots), by the published bound and the interactive requests in flight
     /// ([`super::background`]).
     pub fn background_allowance(&self) -> Option<u64> {
-        let interactive = self
-            .inflight_requests()
-            .saturating_sub(self.background_requests());
-        self.allowance.allowance(interactive, monotonic_ms())
+        self.allowance
+            .allowance(self.interactive_requests(), monotonic_ms())
     }
 
     /// Bound the background requests routed here from now on (`None`: no bound). Those in
@@ -270,11 +268,14 @@ impl BackendState {
     /// (see [`super::background::IDLE`]). Whether the backend was idle until it came (its
     /// background requests held no bound).
     pub fn interactive_routed(&self) -> bool {
-        let others = self
-            .inflight_requests()
-            .saturating_sub(self.background_requests())
-            .saturating_sub(1);
+        let others = self.interactive_requests().saturating_sub(1);
         self.allowance.interactive_routed(monotonic_ms(), others)
+    }
+
+    /// Of the requests in flight, those not run in the background.
+    fn interactive_requests(&self) -> u64 {
+        self.inflight_requests()
+            .saturating_sub(self.background_requests())
     }
 
     /// Tokens (prompt still to prefill plus output still expected) of the requests in flight.

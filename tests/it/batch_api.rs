@@ -625,14 +625,7 @@ async fn an_engine_holds_only_the_batch_lines_its_step_budget_allows() {
     let held_now = || {
         let engine = engine.clone();
         async move {
-            let text = client()
-                .get(&engine)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let text = get_text(&client(), engine).await;
             metric(&text, "vllm:num_requests_running") + metric(&text, "vllm:num_requests_waiting")
         }
     };
