@@ -13,7 +13,8 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 
 use super::pick::{pick_and_claim, Claimed};
-use super::{adapter, rescue, Prepared};
+use super::prepare::Prepared;
+use super::{adapter, rescue};
 use crate::api::translate::Reply;
 use crate::config::Config;
 use crate::fleet::Backend;

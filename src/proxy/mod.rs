@@ -19,8 +19,9 @@
 //!        ─► no_answer: the last failure when every attempt was spent
 //! ```
 //!
-//! This file keeps only the sequence ([`proxy`]) and what every phase reads ([`Prepared`]).
-//! The files beside the phases extend one of them and take what they need from it:
+//! This file keeps only the sequence ([`proxy`]). What every later phase reads is the first
+//! phase's product, [`prepare::Prepared`]. The files beside the phases extend one of them and
+//! take what they need from it:
 //! [`rescue`] and [`adapter`] the attempt, [`resume`] and [`observe`] the response,
 //! [`passthrough`] and [`stored`] the pick, attempt and response of a request no client API
 //! routes.
@@ -64,19 +65,11 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::response::Response;
-use bytes::Bytes;
 use http::{HeaderMap, Request};
 
-use crate::api::translate::Translation;
-use crate::api::{ClientApi, Pin};
-use crate::auth::Identity;
-use crate::config::PolicyKind;
-use crate::fleet::speed::ModelShapes;
-use crate::fleet::Resolved;
+use crate::api::ClientApi;
 use crate::gateway::{Gateway, Runtime};
-use crate::limits::Permit;
-use crate::openai::{ApiError, RequestFields};
-use crate::routing::RouteInput;
+use crate::openai::ApiError;
 use crate::telemetry::access::AccessRecord;
 use crate::telemetry::otel::{RequestTrace, Tracing};
 use attempt::{attempt, Verdict};
@@ -190,34 +183,4 @@ async fn proxy(
         }
     }
     Err(no_answer(last_failure, prepared))
-}
-
-/// What [`prepare`] read and decided: everything the attempts need, read once.
-struct Prepared {
-    api: &'static dyn ClientApi,
-    identity: Identity,
-    client_headers: HeaderMap,
-    body: Bytes,
-    fields: RequestFields,
-    resolved: Resolved,
-    policy: PolicyKind,
-    input: RouteInput,
-    streaming: bool,
-    /// Run by the gateway in the background: it gives way, never asks ([`MakeRoom`]).
-    ///
-    /// [`MakeRoom`]: crate::fleet::make_room::MakeRoom
-    background: Option<crate::fleet::make_room::Background>,
-    /// The one backend that holds what the request refers to (its only candidate).
-    pin: Option<Pin>,
-    /// The request translated to chat completions, for the candidates that do not speak its
-    /// API natively ([`ClientApi::translator`]).
-    translation: Option<Translation>,
-    shapes: Arc<ModelShapes>,
-    /// Taken by the answering attempt's settlement; dropped (refunded) when none answers.
-    permit: Option<Permit>,
-    /// Where a background response's follower runs ([`background`]).
-    main: tokio::runtime::Handle,
-    limit_headers: HeaderMap,
-    /// The workload trace, when `[trace]` is on.
-    trace: Option<Arc<crate::telemetry::trace::TraceWriter>>,
 }

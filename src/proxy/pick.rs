@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 
-use super::Prepared;
+use super::prepare::Prepared;
 use crate::config::{Config, PolicyKind};
 use crate::fleet::queue::QueueError;
 use crate::fleet::{Backend, LoadGuard};

@@ -1,6 +1,7 @@
 //! The prepare phase: everything before the first attempt — auth, content type, the body
 //! (read once, capped), the routed fields, the allow-list and the candidates ([`super::resolve`]),
 //! the request's size, the candidates whose context window fits ([`super::context`]), admission.
+//! Its product, [`Prepared`], is what every later phase and the files beside them read.
 //!
 //! Invariants: each step can refuse the request and none has sent anything to a backend; the
 //! body is read once into memory, bounded, and never parsed into a tree; a permit, once taken,
@@ -15,15 +16,16 @@ use http::{header, HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 
 use super::resolve::{keep_state, refused_translation, resolve, translate_if_served};
-use super::{context, tokens, Prepared};
+use super::{context, tokens};
 use crate::api::translate::Translation;
-use crate::api::{BodyForm, ClientApi};
+use crate::api::{BodyForm, ClientApi, Pin};
 use crate::auth::Identity;
-use crate::config::Config;
+use crate::config::{Config, PolicyKind};
 use crate::fleet::make_room::Background;
 use crate::fleet::speed::ModelShapes;
 use crate::fleet::Resolved;
 use crate::gateway::{Gateway, Runtime};
+use crate::limits::Permit;
 use crate::openai::{ApiError, RequestFields};
 use crate::routing::RouteInput;
 use crate::telemetry::access::AccessRecord;
@@ -35,6 +37,36 @@ use opentelemetry::KeyValue;
 pub(super) enum Step {
     Route(Box<Prepared>),
     Answered(Response),
+}
+
+/// What [`prepare`] read and decided: everything the attempts need, read once.
+pub(super) struct Prepared {
+    pub(super) api: &'static dyn ClientApi,
+    pub(super) identity: Identity,
+    pub(super) client_headers: HeaderMap,
+    pub(super) body: Bytes,
+    pub(super) fields: RequestFields,
+    pub(super) resolved: Resolved,
+    pub(super) policy: PolicyKind,
+    pub(super) input: RouteInput,
+    pub(super) streaming: bool,
+    /// Run by the gateway in the background: it gives way, never asks ([`MakeRoom`]).
+    ///
+    /// [`MakeRoom`]: crate::fleet::make_room::MakeRoom
+    pub(super) background: Option<crate::fleet::make_room::Background>,
+    /// The one backend that holds what the request refers to (its only candidate).
+    pub(super) pin: Option<Pin>,
+    /// The request translated to chat completions, for the candidates that do not speak its
+    /// API natively ([`ClientApi::translator`]).
+    pub(super) translation: Option<Translation>,
+    pub(super) shapes: Arc<ModelShapes>,
+    /// Taken by the answering attempt's settlement; dropped (refunded) when none answers.
+    pub(super) permit: Option<Permit>,
+    /// Where a background response's follower runs ([`background`]).
+    pub(super) main: tokio::runtime::Handle,
+    pub(super) limit_headers: HeaderMap,
+    /// The workload trace, when `[trace]` is on.
+    pub(super) trace: Option<Arc<crate::telemetry::trace::TraceWriter>>,
 }
 
 /// The model's own tokenizer answers when no candidate speaks the API, natively or by

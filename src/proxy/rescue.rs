@@ -29,8 +29,9 @@ use crate::upstream::Body as Incoming;
 use http::header;
 
 use super::attempt::{attempt_span, end_attempt_span, rewrite, Answer};
+use super::headers;
 use super::pick::Claimed;
-use super::{headers, Prepared};
+use super::prepare::Prepared;
 use crate::api::translate::{self, Reply};
 use crate::api::BodyForm;
 use crate::config::Config;

@@ -33,7 +33,7 @@ use crate::upstream::Body as Incoming;
 use bytes::Bytes;
 use http::HeaderMap;
 
-use super::Prepared;
+use super::prepare::Prepared;
 use crate::api::continuation::{Continuation, Transcript};
 use crate::api::{ClientApi, Edits};
 use crate::config::{BackendKind, Config, PolicyKind};
