@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::pick::Claimed;
-use super::{background, observe, Prepared};
+use super::prepare::Prepared;
+use super::{background, observe};
 use crate::fleet::Backend;
 use crate::limits::Permit;
 use crate::settle::{Outcome, Settle, SettleHook};
@@ -32,7 +33,9 @@ pub(super) fn settlement(
 ) -> Settle {
     let mut settle = Settle::new(take_record(record));
     if let Some(trace) = settle.record.trace.as_ref().filter(|t| t.recording()) {
-        settle.hooks.push(answer_span(p, trace, claimed.idx));
+        settle
+            .hooks
+            .push(answer_span(p, trace, claimed.idx, sent_after));
     }
     if let Some(predicted) = claimed.cached {
         settle.hooks.push(prediction_hook(backend, predicted));
@@ -71,10 +74,13 @@ pub(super) fn settlement(
 
 /// With tracing: the model the engine answered as, on the server span, and the answer's span
 /// from commit to its last byte (`sluice.stream` for a stream), ended by the settlement with
-/// its token counts and whether it was complete or continued elsewhere.
-fn answer_span(p: &Prepared, trace: &RequestTrace, idx: usize) -> SettleHook {
+/// its token counts and whether it was complete or continued elsewhere. A stream also gets
+/// `sluice.first_token`: from the answering attempt's send to the first token passed on (a
+/// whole answer's first byte is its head, where its attempt span ends).
+fn answer_span(p: &Prepared, trace: &RequestTrace, idx: usize, sent_after: Duration) -> SettleHook {
     let model = &p.resolved.candidates[idx].1;
     trace.set(|| [KeyValue::new("gen_ai.response.model", model.clone())]);
+    let first_token = trace.clone();
     let span = trace.phase(if p.streaming {
         "sluice.stream"
     } else {
@@ -106,6 +112,11 @@ fn answer_span(p: &Prepared, trace: &RequestTrace, idx: usize) -> SettleHook {
             });
         }
         span.end();
+        if let Some(ttft) = o.ttft {
+            first_token.past_phase("sluice.first_token", (sent_after, ttft), || {
+                [KeyValue::new("sluice.ttft_ms", ttft.as_secs_f64() * 1000.0)]
+            });
+        }
     })
 }
 

@@ -161,9 +161,6 @@ impl AccessRecord {
             attrs.push(KeyValue::new("sluice.cancelled", true));
         }
         trace.set(|| attrs);
-        if let Some(ttft) = self.ttft {
-            trace.event_after("sluice.first_token", ttft);
-        }
         trace.end(self.status, self.error.as_deref());
     }
 }

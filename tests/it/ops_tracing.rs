@@ -157,6 +157,8 @@ async fn a_client_trace_holds_sluices_phases_and_reaches_the_engine() {
     assert_eq!(response.attr("sluice.complete"), "true");
     let finish = response.attr("gen_ai.response.finish_reasons");
     assert!(["stop", "length"].contains(&finish), "{finish}");
+    // (a whole answer's first byte is its head, where the attempt span ends)
+    assert!(named(&spans, "sluice.first_token").is_empty());
 
     // The engine was given the attempt's context: its span joins the trace under the attempt.
     let want = format!("00-{trace}-{}-01", attempt.span_id);
@@ -235,7 +237,8 @@ async fn whole_answers_carry_their_finish_reason() {
 }
 
 /// A request that waits in the fair queue has a `sluice.queue` span inside its routing span,
-/// as long as the wait; one that finds a free slot has none.
+/// as long as the wait, and its wait for the first token starts after it; one that finds a
+/// free slot has no queue span.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_in_the_fair_queue_is_a_queue_span() {
     let receiver = Receiver::start().await;
@@ -262,7 +265,7 @@ async fn a_wait_in_the_fair_queue_is_a_queue_span() {
     })
     .await;
     let (trace, _, header) = client_context(true);
-    let (status, text) = chat(&g, &header, false).await;
+    let (status, text) = chat(&g, &header, true).await;
     assert_eq!(status, 200, "{text}");
     assert_eq!(long.await.unwrap(), 200);
 
@@ -279,6 +282,12 @@ async fn a_wait_in_the_fair_queue_is_a_queue_span() {
     assert!(waited > 0.0, "{waited}");
     assert!(queue.duration_ms() <= routing.duration_ms());
     assert_eq!(routing.attr("sluice.backend"), "a");
+    // Its wait for the first token starts when it was sent, after the queue, not on arrival.
+    let first_token = one(&spans, "sluice.first_token");
+    assert!(first_token.start_ns + 1_000_000 >= queue.end_ns);
+    let server = one(&spans, "POST /v1/chat/completions");
+    let (attempt, stream) = (one(&spans, "sluice.attempt"), one(&spans, "sluice.stream"));
+    first_token_between_send_and_stream(server, attempt, stream, first_token);
     // The first request found the slot free: it did not wait, and has no queue span.
     let first = receiver.trace(&first_trace, has_server).await;
     assert!(named(&first, "sluice.queue").is_empty());
@@ -368,7 +377,10 @@ async fn a_continued_stream_is_a_continuation_span_of_its_trace() {
     assert_eq!(cont.attr("sluice.backend"), "b");
     assert!(cont.attr("sluice.streamed_tokens").parse::<u64>().unwrap() > 0);
     assert_eq!(one(&spans, "sluice.attempt").attr("sluice.backend"), "a");
-    assert!(server.events.iter().any(|e| e == "sluice.first_token"));
+    assert_eq!(
+        one(&spans, "sluice.first_token").parent_span_id,
+        server.span_id
+    );
     // The continuing engine was given the continuation's context.
     let want = format!("00-{}-{}-01", server.trace_id, cont.span_id);
     assert!(
@@ -437,9 +449,35 @@ async fn spans_reach_a_grpc_collector() {
             .unwrap()
             > 0
     );
-    assert_eq!(
-        one(&spans, "sluice.attempt").attr("sluice.attempt.outcome"),
-        "answered"
+    let attempt = one(&spans, "sluice.attempt");
+    assert_eq!(attempt.attr("sluice.attempt.outcome"), "answered");
+    first_token_between_send_and_stream(server, attempt, stream, one(&spans, "sluice.first_token"));
+}
+
+/// The wait for the first token starts where the answering attempt was sent and ends inside
+/// the stream; its `sluice.ttft_ms` is the client's, from the server span's start.
+fn first_token_between_send_and_stream(server: &Span, attempt: &Span, stream: &Span, first: &Span) {
+    const MS: u64 = 1_000_000;
+    assert_eq!(first.parent_span_id, server.span_id);
+    assert_eq!(first.kind, 1, "an internal span");
+    assert!(
+        first.start_ns + MS >= attempt.start_ns && first.start_ns <= attempt.end_ns,
+        "sent as the attempt started: {first:?} {attempt:?}"
+    );
+    assert!(
+        first.end_ns + MS >= stream.start_ns && first.end_ns <= stream.end_ns,
+        "the first token came inside the stream: {first:?} {stream:?}"
+    );
+    let ttft: f64 = first.attr("sluice.ttft_ms").parse().unwrap();
+    let from_server = first.end_ns.saturating_sub(server.start_ns) as f64 / 1e6;
+    assert!(
+        (ttft - from_server).abs() < 1.0,
+        "{ttft} ms against {from_server} ms"
+    );
+    assert!(
+        first.duration_ms() <= ttft,
+        "{} > {ttft}",
+        first.duration_ms()
     );
 }
 

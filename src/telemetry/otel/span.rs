@@ -13,7 +13,8 @@ use std::time::{Duration, SystemTime};
 
 use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::{
-    SamplingDecision, SamplingResult, SpanId, SpanKind, Status, TraceContextExt, TraceId, Tracer,
+    SamplingDecision, SamplingResult, Span as _, SpanId, SpanKind, Status, TraceContextExt,
+    TraceId, Tracer,
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracer;
@@ -93,11 +94,28 @@ impl RequestTrace {
         }
     }
 
-    /// An event on the server span, `after` its start (the first token).
-    pub fn event_after(&self, name: &'static str, after: Duration) {
-        if let Server::Sampled { cx, started, .. } = &*self.0 {
-            cx.span()
-                .add_event_with_timestamp(name, *started + after, Vec::new());
+    /// A span under the server span for a stretch already over, `from` to `to` after the
+    /// server span's start (the wait for the first token, known only once it came);
+    /// `attributes` is called only when it is recorded.
+    pub fn past_phase<I: IntoIterator<Item = KeyValue>>(
+        &self,
+        name: &'static str,
+        (from, to): (Duration, Duration),
+        attributes: impl FnOnce() -> I,
+    ) {
+        if let Server::Sampled {
+            cx,
+            tracer,
+            started,
+        } = &*self.0
+        {
+            let mut span = tracer
+                .span_builder(name)
+                .with_kind(SpanKind::Internal)
+                .with_start_time(*started + from)
+                .with_attributes(attributes())
+                .start_with_context(tracer, cx);
+            span.end_with_timestamp(*started + to.max(from));
         }
     }
 
