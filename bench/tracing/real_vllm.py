@@ -98,7 +98,8 @@ def tree(spans, client_parent):
         for s in sorted(by_parent.get(parent, []), key=lambda s: s["start_ns"]):
             ms = (s["end_ns"] - s["start_ns"]) / 1e6
             keys = ("sluice.backend", "sluice.attempt.outcome", "gen_ai.usage.output_tokens",
-                    "gen_ai.response.model", "gen_ai.usage.completion_tokens")
+                    "gen_ai.response.model", "gen_ai.usage.completion_tokens", "sluice.ttft_ms",
+                    "gen_ai.latency.time_to_first_token")
             shown = {k: s["attrs"][k] for k in keys if k in s["attrs"]}
             lines.append(f"{'  ' * depth}└─ [{s['service']}] {s['name']} {s['span_id']} {ms:.1f} ms {shown}")
             walk(s["span_id"], depth + 1)
@@ -174,12 +175,22 @@ def main():
             server = next((s for s in spans if s["name"].startswith("POST ")), None)
             attempt = next((s for s in spans if s["name"] == "sluice.attempt"), None)
             engine = next((s for s in spans if s["name"] == "llm_request"), None)
+            first = next((s for s in spans if s["name"] == "sluice.first_token"), None)
             checks = {
                 "status_200": status == 200,
                 "server_span_child_of_client": bool(server) and server["parent"] == parent,
                 "attempt_child_of_server": bool(server and attempt) and attempt["parent"] == server["span_id"],
                 "vllm_span_child_of_attempt": bool(attempt and engine) and engine["parent"] == attempt["span_id"],
                 "one_trace": all(s["trace_id"] == trace for s in spans),
+                # a stream's wait for its first token: from the send, so it holds the engine's
+                # own time to first token (vLLM's, from its arrival) and ends after the engine
+                # made that token
+                "first_token_span": (bool(server and first and engine)
+                                     and first["parent"] == server["span_id"]
+                                     and first["start_ns"] <= engine["start_ns"]
+                                     and (first["end_ns"] - first["start_ns"]) / 1e9
+                                     >= engine["attrs"].get("gen_ai.latency.time_to_first_token", 0))
+                if stream else first is None,
             }
             print(f"\n{'stream' if stream else 'whole'} answer, trace {trace}:")
             print(tree(spans, parent))

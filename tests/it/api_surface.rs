@@ -7,7 +7,7 @@ use crate::support;
 
 use serde_json::{json, Value};
 use sluice::sim::SimKind;
-use support::{backend, client, metric, TestGateway};
+use support::{backend, client, get_text, metric, TestGateway};
 
 fn key_block(name: &str, tenant: &str, extra: &str) -> (String, String) {
     let (key, hash) = sluice::auth::mint();
@@ -539,13 +539,6 @@ async fn metrics_and_the_status_page_count_each_endpoint() {
     assert!(row("tokenize")["errors"].as_f64().unwrap() >= 1.0);
     assert!(row("chat_batch")["completion_tokens"].as_f64().unwrap() > 0.0);
     assert!(row("chat")["requests"].as_f64().unwrap() >= 1.0);
-    let page = client()
-        .get(gw.url("/dashboard"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = get_text(&client(), gw.url("/dashboard")).await;
     assert!(page.contains("id=\"endpoints\""));
 }

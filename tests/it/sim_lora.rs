@@ -17,7 +17,7 @@ use crate::support::sim::{fixture_body, keys};
 fn captured(name: &str) -> String {
     fixture_body(name).trim_end_matches('\n').to_string()
 }
-use crate::support::{client, metric};
+use crate::support::{client, get_text, metric};
 
 /// The capture's served name, so its error texts match word for word.
 const MODEL: &str = "tiny";
@@ -216,14 +216,7 @@ fn lora_state(metrics: &str) -> Option<String> {
 }
 
 async fn metrics(url: &str) -> String {
-    client()
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    get_text(&client(), format!("{url}/metrics")).await
 }
 
 #[tokio::test]
@@ -390,13 +383,6 @@ async fn tgi_serves_its_adapters_by_adapter_id_and_model() {
         base["choices"][0]["message"]["content"]
     );
     // /info lists no adapters, as TGI's does not
-    let info = client()
-        .get(format!("{url}/info"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let info = get_text(&client(), format!("{url}/info")).await;
     assert!(!info.contains("adapter"), "{info}");
 }
