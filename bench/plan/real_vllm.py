@@ -71,7 +71,9 @@ from chaos import free_port, get_json, post_json, wait_port  # noqa: E402  (real
 MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 1024
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+            "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+            # its engine and API processes talk over loopback, not the machine's first address
+            "VLLM_HOST_IP": "127.0.0.1"}
 
 # The metrics the gateway's windows are made of (src/fleet/timings.rs), and vLLM's own TTFT.
 TIMING_METRICS = [

@@ -252,6 +252,7 @@ def serve(vllm, folder, port, log):
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
         VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_HOST_IP="127.0.0.1",
     )
     cmd = [
         vllm, "serve", folder, "--served-model-name", "tiny", "--host", "127.0.0.1",

@@ -35,6 +35,10 @@ LOCK = threading.Lock()
 
 def any_value(v):
     kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [any_value(x) for x in v.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in v.kvlist_value.values}
     return getattr(v, kind) if kind else None
 
 
@@ -124,7 +128,7 @@ def main():
     # offline, a 1 GiB KV cache on the CPU backend (as bench/plan/real_vllm.py), its traces over
     # OTLP/HTTP to the same receiver
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-               DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1",
+               DO_NOT_TRACK="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_HOST_IP="127.0.0.1",
                OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_SERVICE_NAME="vllm")
     vllm = subprocess.Popen(
         [args.vllm, "serve", args.model, "--served-model-name", "tiny", "--host", "127.0.0.1",
