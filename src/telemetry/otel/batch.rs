@@ -152,21 +152,24 @@ impl Warner {
     fn dropped(&self, reason: &'static str, n: u64, why: &dyn std::fmt::Display) {
         metrics::counter!(m::OTEL_SPANS_DROPPED_TOTAL, "reason" => reason).increment(n);
         let epoch = *self.epoch.get_or_init(Instant::now);
-        let now = epoch.elapsed().as_millis() as u64 + 1;
-        let last = self.last_ms.load(Ordering::Relaxed);
-        let due = last == 0 || now.saturating_sub(last) >= WARN_EVERY.as_millis() as u64;
-        if due
-            && self
-                .last_ms
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.due(epoch.elapsed().as_millis() as u64 + 1) {
             tracing::warn!(
                 reason,
                 "OpenTelemetry spans dropped ({why}); counted in {} (warned at most once a minute)",
                 m::OTEL_SPANS_DROPPED_TOTAL
             );
         }
+    }
+
+    /// Whether a warning is due at `now_ms` (milliseconds since `epoch`, from 1), claimed by
+    /// the one caller that gets `true` until [`WARN_EVERY`] has passed.
+    fn due(&self, now_ms: u64) -> bool {
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let due = last == 0 || now_ms.saturating_sub(last) >= WARN_EVERY.as_millis() as u64;
+        due && self
+            .last_ms
+            .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 }
 
@@ -231,6 +234,28 @@ mod tests {
         .await;
         tracer.start("later").end();
         until("a third", || exporter.spans.load(Ordering::Relaxed) == 3).await;
+    }
+
+    #[test]
+    fn a_warning_is_due_once_per_interval_whoever_asks() {
+        let w = Warner::default();
+        let every = WARN_EVERY.as_millis() as u64;
+        assert!(w.due(1), "the first drop warns");
+        assert!(!w.due(2));
+        assert!(!w.due(every));
+        assert!(w.due(every + 1), "a whole interval later");
+        assert!(!w.due(every + 2));
+        // Many threads dropping at the same moment: one of them warns.
+        let at = 3 * every;
+        let warned = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8).map(|_| s.spawn(|| w.due(at))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(false))
+                .filter(|&warned| warned)
+                .count()
+        });
+        assert_eq!(warned, 1);
     }
 
     #[tokio::test]
