@@ -56,6 +56,7 @@
 //!   "models":[{"name","waiting","running","kv_used_tokens","kv_capacity_tokens","kv_usage",
 //!   "prefix_cache_queries","prefix_cache_hits","prompt_tokens","generation_tokens","loaded",…}],
 //!   "traceparents":[the last 64 `traceparent` headers of inference requests, oldest first],
+//!   "tracestates":[the `tracestate` sent with each of them, or null],
 //!   "counters":{"requests_total","by_status":{"200":n,…},"tokens_in","tokens_out",
 //!   "prefix_cache_hits","overloaded"}}`.
 //!

@@ -118,10 +118,11 @@ pub(crate) struct Sim {
     loras: Option<Registry>,
     /// vLLM's `lora_requests_info` series, written by the engine (`--enable-lora`).
     lora_info: Option<Arc<LoraInfo>>,
-    /// The W3C `traceparent` of the last [`TRACEPARENTS_KEPT`] inference requests that had
-    /// one: a real vLLM makes its request span a child of it (`--otlp-traces-endpoint`);
-    /// the simulator shows what it was given in `/sim/state`.
-    traceparents: std::sync::Mutex<std::collections::VecDeque<String>>,
+    /// The W3C trace context (`traceparent`, and `tracestate` when sent) of the last
+    /// [`TRACEPARENTS_KEPT`] inference requests that had one: a real vLLM makes its request
+    /// span a child of it (`--otlp-traces-endpoint`); the simulator shows what it was given
+    /// in `/sim/state`.
+    traceparents: std::sync::Mutex<std::collections::VecDeque<(String, Option<String>)>>,
 }
 
 /// How many received `traceparent` headers `/sim/state` shows.
@@ -402,11 +403,15 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Result<Response<SimBod
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
     {
+        let state = req
+            .headers()
+            .get("tracestate")
+            .and_then(|v| v.to_str().ok());
         let mut kept = sim.traceparents.lock().unwrap_or_else(|p| p.into_inner());
         if kept.len() == TRACEPARENTS_KEPT {
             kept.pop_front();
         }
-        kept.push_back(tp.to_string());
+        kept.push_back((tp.to_string(), state.map(str::to_string)));
     }
     match sim.fault.mode() {
         FaultMode::Healthy => {}
@@ -576,6 +581,11 @@ pub(crate) fn state_json(sim: &Sim) -> Vec<u8> {
     let f = sim.fault.current();
     let (since, remaining) = sim.fault.since_and_remaining();
     let c = &sim.counters;
+    let contexts: Vec<(String, Option<String>)> = sim
+        .traceparents
+        .lock()
+        .map(|k| k.iter().cloned().collect())
+        .unwrap_or_default();
     let models: Vec<serde_json::Value> = sim
         .models
         .iter()
@@ -630,11 +640,8 @@ pub(crate) fn state_json(sim: &Sim) -> Vec<u8> {
         "waiting": waiting,
         "running": running,
         "models": models,
-        "traceparents": sim
-            .traceparents
-            .lock()
-            .map(|k| k.iter().cloned().collect::<Vec<_>>())
-            .unwrap_or_default(),
+        "traceparents": contexts.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+        "tracestates": contexts.iter().map(|(_, s)| s).collect::<Vec<_>>(),
         "counters": {
             "requests_total": c.requests_total.load(Relaxed),
             "by_status": by_status,

@@ -60,13 +60,18 @@ fn client_context(sampled: bool) -> (String, String, String) {
 
 /// The `traceparent` headers a simulator received.
 fn received(sim: &sluice::sim::SimHandle) -> Vec<String> {
+    received_as(sim, "traceparents")
+}
+
+/// One of the trace-context lists of a simulator's state (`traceparents`, `tracestates`), a
+/// request without the header as an empty string.
+fn received_as(sim: &sluice::sim::SimHandle, key: &str) -> Vec<String> {
     let state = sim.state();
-    state["traceparents"]
+    state[key]
         .as_array()
         .map(|a| {
             a.iter()
-                .filter_map(Value::as_str)
-                .map(String::from)
+                .map(|v| v.as_str().unwrap_or_default().to_string())
                 .collect()
         })
         .unwrap_or_default()
@@ -160,13 +165,12 @@ async fn a_client_trace_holds_sluices_phases_and_reaches_the_engine() {
     // (a whole answer's first byte is its head, where the attempt span ends)
     assert!(named(&spans, "sluice.first_token").is_empty());
 
-    // The engine was given the attempt's context: its span joins the trace under the attempt.
+    // The engine was given the attempt's context, with the client's trace state: its span
+    // joins the trace under the attempt.
     let want = format!("00-{trace}-{}-01", attempt.span_id);
-    assert!(
-        received(&a).contains(&want),
-        "{want} not in {:?}",
-        received(&a)
-    );
+    let at = received(&a).iter().position(|tp| *tp == want);
+    let at = at.unwrap_or_else(|| panic!("{want} not in {:?}", received(&a)));
+    assert_eq!(received_as(&a, "tracestates")[at], "vendor=client");
 
     // A client's unsampled trace: no span is exported, and the engine is told "not sampled".
     let (trace, parent, header) = client_context(false);
