@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use sluice::sim::{Fault, FaultMode, SimConfig, SimKind};
 
 use crate::support;
-use support::otlp::{named, one, Receiver, Span};
+use support::otlp::{named, one, Receiver, Span, COLLECTOR_TOKEN};
 use support::*;
 
 const MODEL: &str = "m";
@@ -113,6 +113,13 @@ async fn a_client_trace_holds_sluices_phases_and_reaches_the_engine() {
         "the client's span is its parent"
     );
     assert_eq!(server.service, "sluice-test");
+    // The resource attributes and the collector's auth header from `[tracing]`.
+    assert_eq!(server.resource["deployment.environment"], "ci");
+    let tokens = receiver.header_values("authorization");
+    assert!(
+        !tokens.is_empty() && tokens.iter().all(|t| t == COLLECTOR_TOKEN),
+        "{tokens:?}"
+    );
     for (key, want) in [
         ("gen_ai.operation.name", "chat"),
         ("gen_ai.request.model", MODEL),
@@ -430,7 +437,9 @@ async fn spans_reach_a_grpc_collector() {
     let receiver = Receiver::start_grpc().await;
     let a = sim(SimKind::Vllm, &[MODEL]).await;
     let tracing = format!(
-        "[tracing]\notlp_endpoint = \"http://{}\"\nprotocol = \"grpc\"\nexport_interval = \"50ms\"\n[tracing.resource]\n\"deployment.environment\" = \"ci\"\n",
+        "[tracing]\notlp_endpoint = \"http://{}\"\nprotocol = \"grpc\"\nexport_interval = \"50ms\"\n\
+         [tracing.headers]\nauthorization = \"{COLLECTOR_TOKEN}\"\n\
+         [tracing.resource]\n\"deployment.environment\" = \"ci\"\n",
         receiver.addr
     );
     let g = gateway(&[("a", a.url())], &tracing).await;
@@ -441,6 +450,13 @@ async fn spans_reach_a_grpc_collector() {
     let server = one(&spans, "POST /v1/chat/completions");
     assert_eq!(server.parent_span_id, parent);
     assert_eq!(server.service, "sluice");
+    assert_eq!(server.resource["deployment.environment"], "ci");
+    // gRPC carries the collector's auth header as metadata.
+    let tokens = receiver.header_values("authorization");
+    assert!(
+        !tokens.is_empty() && tokens.iter().all(|t| t == COLLECTOR_TOKEN),
+        "{tokens:?}"
+    );
     assert_eq!(server.attr("sluice.stream"), "true");
     let stream = one(&spans, "sluice.stream");
     assert_eq!(stream.attr("sluice.complete"), "true");
@@ -530,7 +546,8 @@ async fn tls_front(to: std::net::SocketAddr, alpn: &[u8]) -> (std::net::SocketAd
 }
 
 /// `[tracing]` for an `https` collector in front of `to` (TLS with `alpn`), reached as `host`
-/// over `protocol`, its CA in `ca_file` in the returned folder.
+/// over `protocol`, its CA in `ca_file` in the returned folder; the collector token and
+/// resource attribute as [`Receiver::config`] has them.
 async fn https_tracing(
     to: std::net::SocketAddr,
     alpn: &[u8],
@@ -542,7 +559,9 @@ async fn https_tracing(
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, ca).unwrap();
     let tracing = format!(
-        "[tracing]\notlp_endpoint = \"https://{host}:{}\"\nprotocol = \"{protocol}\"\nexport_interval = \"50ms\"\nca_file = \"{}\"\n",
+        "[tracing]\notlp_endpoint = \"https://{host}:{}\"\nprotocol = \"{protocol}\"\nexport_interval = \"50ms\"\nca_file = \"{}\"\n\
+         headers = {{ authorization = \"{COLLECTOR_TOKEN}\" }}\n\
+         resource = {{ \"deployment.environment\" = \"ci\" }}\n",
         front.port(),
         ca_file.display()
     );
@@ -583,6 +602,13 @@ async fn spans_reach_an_https_http_collector() {
     let server = one(&spans, "POST /v1/chat/completions");
     assert_eq!(server.parent_span_id, parent);
     assert_eq!(server.service, "sluice");
+    assert_eq!(server.resource["deployment.environment"], "ci");
+    // The collector's auth header, over TLS.
+    let tokens = receiver.header_values("authorization");
+    assert!(
+        !tokens.is_empty() && tokens.iter().all(|t| t == COLLECTOR_TOKEN),
+        "{tokens:?}"
+    );
     assert_eq!(server.attr("sluice.stream"), "true");
     assert_eq!(
         one(&spans, "sluice.attempt").attr("sluice.attempt.outcome"),

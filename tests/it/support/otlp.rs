@@ -15,6 +15,9 @@ use prost::Message;
 
 use super::poll;
 
+/// The `authorization` header [`Receiver::config`] has every export carry.
+pub const COLLECTOR_TOKEN: &str = "Bearer collector-token";
+
 /// One received span, its ids in lowercase hex (an empty parent: a root span).
 #[derive(Debug, Clone)]
 pub struct Span {
@@ -31,6 +34,8 @@ pub struct Span {
     pub events: Vec<String>,
     /// The resource's `service.name`.
     pub service: String,
+    /// Every resource attribute, as text.
+    pub resource: BTreeMap<String, String>,
     /// Start and end, nanoseconds since the Unix epoch.
     pub start_ns: u64,
     pub end_ns: u64,
@@ -50,24 +55,39 @@ impl Span {
     }
 }
 
-/// The receiver: its address, and the spans it was sent.
+/// The receiver: its address, the spans it was sent and the headers (gRPC: metadata) of the
+/// exports that brought them.
 pub struct Receiver {
     pub addr: SocketAddr,
+    kept: Kept,
+}
+
+/// What the receiver keeps: the spans, and each export's headers.
+#[derive(Clone, Default)]
+struct Kept {
     spans: Arc<Mutex<Vec<Span>>>,
+    headers: Arc<Mutex<Vec<http::HeaderMap>>>,
+}
+
+impl Kept {
+    fn export(&self, headers: http::HeaderMap, req: ExportTraceServiceRequest) {
+        self.headers.lock().unwrap().push(headers);
+        self.spans.lock().unwrap().extend(flatten(req));
+    }
 }
 
 impl Receiver {
     pub async fn start() -> Receiver {
-        let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
-        let kept = spans.clone();
+        let kept = Kept::default();
+        let receiver = kept.clone();
         let app = axum::Router::new().route(
             "/v1/traces",
-            post(move |body: Bytes| {
-                let kept = kept.clone();
+            post(move |headers: http::HeaderMap, body: Bytes| {
+                let kept = receiver.clone();
                 async move {
                     match ExportTraceServiceRequest::decode(body) {
                         Ok(req) => {
-                            kept.lock().unwrap().extend(flatten(req));
+                            kept.export(headers, req);
                             (
                                 http::StatusCode::OK,
                                 [("content-type", "application/x-protobuf")],
@@ -88,35 +108,49 @@ impl Receiver {
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Receiver { addr, spans }
+        Receiver { addr, kept }
     }
 
     /// An OTLP/gRPC receiver: `TraceService/Export` over HTTP/2 without TLS, its one message
     /// framed as gRPC frames it (a flag byte, a 4-byte length, the protobuf).
     pub async fn start_grpc() -> Receiver {
-        let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
+        let kept = Kept::default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let kept = spans.clone();
+        let receiver = kept.clone();
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
-                tokio::spawn(grpc_connection(tcp, kept.clone()));
+                tokio::spawn(grpc_connection(tcp, receiver.clone()));
             }
         });
-        Receiver { addr, spans }
+        Receiver { addr, kept }
     }
 
-    /// The `[tracing]` section sending to this receiver, exporting every 50 ms.
+    /// The `[tracing]` section sending to this receiver, exporting every 50 ms, with a
+    /// collector token ([`COLLECTOR_TOKEN`]) and a resource attribute
+    /// (`deployment.environment = "ci"`) as inline tables, so keys can still be appended.
     pub fn config(&self) -> String {
         format!(
-            "[tracing]\notlp_endpoint = \"http://{}\"\nexport_interval = \"50ms\"\nservice_name = \"sluice-test\"\n",
+            "[tracing]\notlp_endpoint = \"http://{}\"\nexport_interval = \"50ms\"\nservice_name = \"sluice-test\"\n\
+             headers = {{ authorization = \"{COLLECTOR_TOKEN}\" }}\n\
+             resource = {{ \"deployment.environment\" = \"ci\" }}\n",
             self.addr
         )
     }
 
+    /// The values of header `name` on every export received so far.
+    pub fn header_values(&self, name: &str) -> Vec<String> {
+        let exports = self.kept.headers.lock().unwrap();
+        exports
+            .iter()
+            .flat_map(|h| h.get_all(name).iter())
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
     /// Every span received so far.
     pub fn spans(&self) -> Vec<Span> {
-        self.spans.lock().unwrap().clone()
+        self.kept.spans.lock().unwrap().clone()
     }
 
     /// The spans of trace `trace_id` once `done` says they are all there (within 10 s).
@@ -148,7 +182,7 @@ pub fn one<'a>(spans: &'a [Span], name: &str) -> &'a Span {
     }
 }
 
-async fn grpc_connection(tcp: tokio::net::TcpStream, kept: Arc<Mutex<Vec<Span>>>) {
+async fn grpc_connection(tcp: tokio::net::TcpStream, kept: Kept) {
     let Ok(mut conn) = h2::server::handshake(tcp).await else {
         return;
     };
@@ -156,6 +190,7 @@ async fn grpc_connection(tcp: tokio::net::TcpStream, kept: Arc<Mutex<Vec<Span>>>
         let kept = kept.clone();
         tokio::spawn(async move {
             let path = req.uri().path().to_string();
+            let headers = req.headers().clone();
             let mut body = req.into_body();
             let mut buf = Vec::new();
             while let Some(Ok(chunk)) = body.data().await {
@@ -170,7 +205,7 @@ async fn grpc_connection(tcp: tokio::net::TcpStream, kept: Arc<Mutex<Vec<Span>>>
                 .flatten();
             let status = match decoded {
                 Some(req) => {
-                    kept.lock().unwrap().extend(flatten(req));
+                    kept.export(headers, req);
                     "0"
                 }
                 None => "3", // INVALID_ARGUMENT
@@ -195,13 +230,13 @@ async fn grpc_connection(tcp: tokio::net::TcpStream, kept: Arc<Mutex<Vec<Span>>>
 fn flatten(req: ExportTraceServiceRequest) -> Vec<Span> {
     let mut out = Vec::new();
     for rs in req.resource_spans {
-        let service = rs
+        let resource: BTreeMap<String, String> = rs
             .resource
             .iter()
             .flat_map(|r| r.attributes.iter())
-            .find(|kv| kv.key == "service.name")
-            .and_then(|kv| kv.value.as_ref().and_then(|v| v.value.as_ref()).map(text))
-            .unwrap_or_default();
+            .filter_map(|kv| Some((kv.key.clone(), text(kv.value.as_ref()?.value.as_ref()?))))
+            .collect();
+        let service = resource.get("service.name").cloned().unwrap_or_default();
         for ss in rs.scope_spans {
             for s in ss.spans {
                 let attrs = s
@@ -222,6 +257,7 @@ fn flatten(req: ExportTraceServiceRequest) -> Vec<Span> {
                     status: s.status.map(|st| st.code).unwrap_or(0),
                     events: s.events.into_iter().map(|e| e.name).collect(),
                     service: service.clone(),
+                    resource: resource.clone(),
                     start_ns: s.start_time_unix_nano,
                     end_ns: s.end_time_unix_nano,
                 });
