@@ -50,7 +50,7 @@ use opentelemetry::KeyValue;
 pub type Started<B> = Pin<Box<dyn Future<Output = Result<Switch<B>, String>> + Send>>;
 
 /// What starts a continuation of the transcript it is given.
-pub type Starter<B> = Box<dyn FnOnce(Transcript) -> Started<B> + Send>;
+pub type Starter<B> = Box<dyn FnOnce(Transcript, String) -> Started<B> + Send>;
 
 /// A backend that took over a broken stream: its body, its share of the load, and the edits
 /// its events need (its model name, key, TGI's quirks).
@@ -133,7 +133,7 @@ impl<B> Resume<B> {
             return false;
         };
         self.broke = why.to_string();
-        self.pending = Some(starter(self.transcript.clone()));
+        self.pending = Some(starter(self.transcript.clone(), self.broke.clone()));
         true
     }
 }
@@ -215,21 +215,28 @@ impl Continuer {
             api,
             self.body.clone(),
             alternative,
-            Box::new(move |t: Transcript| Box::pin(self.run(api, t))),
+            Box::new(move |t: Transcript, why: String| Box::pin(self.run(api, t, why))),
         ))
     }
 
-    /// Continue on another backend; with tracing, as a `sluice.continuation` span (the
-    /// backend, the tokens streamed before the break, why it could not be continued).
+    /// Continue on another backend after the stream broke with `why`; with tracing, as a
+    /// `sluice.continuation` span (why the stream broke, the tokens streamed before, the
+    /// backend, why it could not be continued).
     async fn run(
         self,
         cont: &'static dyn Continuation,
         t: Transcript,
+        why: String,
     ) -> Result<Switch<Incoming>, String> {
         let Some(span) = self.trace.as_ref().map(|t| t.phase("sluice.continuation")) else {
             return self.switch(cont, t, None).await;
         };
-        span.set(|| [KeyValue::new("sluice.streamed_tokens", t.tokens as i64)]);
+        span.set(|| {
+            [
+                KeyValue::new("sluice.continuation.reason", why),
+                KeyValue::new("sluice.streamed_tokens", t.tokens as i64),
+            ]
+        });
         let switched = self.switch(cont, t, Some(&span)).await;
         match &switched {
             Ok(s) => span.set(|| {

@@ -387,6 +387,12 @@ async fn a_continued_stream_is_a_continuation_span_of_its_trace() {
     assert_eq!(cont.parent_span_id, server.span_id);
     assert_eq!(cont.attr("sluice.backend"), "b");
     assert!(cont.attr("sluice.streamed_tokens").parse::<u64>().unwrap() > 0);
+    // why the first backend's stream broke, in Sluice's words
+    let reason = cont.attr("sluice.continuation.reason");
+    assert!(
+        reason.contains("stream") || reason.contains("connection"),
+        "{reason}"
+    );
     assert_eq!(one(&spans, "sluice.attempt").attr("sluice.backend"), "a");
     assert_eq!(
         one(&spans, "sluice.first_token").parent_span_id,
