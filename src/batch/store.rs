@@ -17,8 +17,11 @@ use redb::{Database, ReadableTable, TableDefinition};
 use super::record::{BatchRecord, FileMeta};
 use super::BatchError;
 
-const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
-const BATCHES: TableDefinition<&str, &[u8]> = TableDefinition::new("batches");
+/// A table of JSON records by id.
+type Records = TableDefinition<'static, &'static str, &'static [u8]>;
+
+const FILES: Records = TableDefinition::new("files");
+const BATCHES: Records = TableDefinition::new("batches");
 /// (batch id, line index) → the line's output line, after one byte: `o` (output file) or
 /// `e` (error file).
 const LINES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("lines");
@@ -108,34 +111,16 @@ impl Store {
     }
 
     pub fn put_file(&self, meta: &FileMeta) -> Result<(), BatchError> {
-        let raw = encode(meta)?;
-        self.write(|txn| {
-            let mut t = txn.open_table(FILES).map_err(redb::Error::from)?;
-            t.insert(meta.id(), raw.as_slice())
-                .map_err(redb::Error::from)?;
-            Ok(())
-        })
+        self.put(FILES, meta.id(), meta)
     }
 
     pub fn file(&self, id: &str) -> Result<Option<FileMeta>, BatchError> {
-        let txn = self.db.begin_read().map_err(redb::Error::from)?;
-        let t = txn.open_table(FILES).map_err(redb::Error::from)?;
-        match t.get(id).map_err(redb::Error::from)? {
-            Some(raw) => Ok(Some(decode(raw.value())?)),
-            None => Ok(None),
-        }
+        self.get(FILES, id)
     }
 
     /// Every file record.
     pub fn files(&self) -> Result<Vec<FileMeta>, BatchError> {
-        let txn = self.db.begin_read().map_err(redb::Error::from)?;
-        let t = txn.open_table(FILES).map_err(redb::Error::from)?;
-        let mut out = Vec::new();
-        for row in t.iter().map_err(redb::Error::from)? {
-            let (_, raw) = row.map_err(redb::Error::from)?;
-            out.push(decode(raw.value())?);
-        }
-        Ok(out)
+        self.all(FILES)
     }
 
     /// Remove a file record; whether there was one.
@@ -148,28 +133,46 @@ impl Store {
     }
 
     pub fn put_batch(&self, b: &BatchRecord) -> Result<(), BatchError> {
-        let raw = encode(b)?;
+        self.put(BATCHES, b.id(), b)
+    }
+
+    pub fn batch(&self, id: &str) -> Result<Option<BatchRecord>, BatchError> {
+        self.get(BATCHES, id)
+    }
+
+    /// Every batch record.
+    pub fn batches(&self) -> Result<Vec<BatchRecord>, BatchError> {
+        self.all(BATCHES)
+    }
+
+    /// Write record `v` under `id` in `table` (replacing what was there).
+    fn put<T: serde::Serialize>(&self, table: Records, id: &str, v: &T) -> Result<(), BatchError> {
+        let raw = encode(v)?;
         self.write(|txn| {
-            let mut t = txn.open_table(BATCHES).map_err(redb::Error::from)?;
-            t.insert(b.id(), raw.as_slice())
-                .map_err(redb::Error::from)?;
+            let mut t = txn.open_table(table).map_err(redb::Error::from)?;
+            t.insert(id, raw.as_slice()).map_err(redb::Error::from)?;
             Ok(())
         })
     }
 
-    pub fn batch(&self, id: &str) -> Result<Option<BatchRecord>, BatchError> {
+    /// The record under `id` in `table`.
+    fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        table: Records,
+        id: &str,
+    ) -> Result<Option<T>, BatchError> {
         let txn = self.db.begin_read().map_err(redb::Error::from)?;
-        let t = txn.open_table(BATCHES).map_err(redb::Error::from)?;
+        let t = txn.open_table(table).map_err(redb::Error::from)?;
         match t.get(id).map_err(redb::Error::from)? {
             Some(raw) => Ok(Some(decode(raw.value())?)),
             None => Ok(None),
         }
     }
 
-    /// Every batch record.
-    pub fn batches(&self) -> Result<Vec<BatchRecord>, BatchError> {
+    /// Every record of `table`.
+    fn all<T: serde::de::DeserializeOwned>(&self, table: Records) -> Result<Vec<T>, BatchError> {
         let txn = self.db.begin_read().map_err(redb::Error::from)?;
-        let t = txn.open_table(BATCHES).map_err(redb::Error::from)?;
+        let t = txn.open_table(table).map_err(redb::Error::from)?;
         let mut out = Vec::new();
         for row in t.iter().map_err(redb::Error::from)? {
             let (_, raw) = row.map_err(redb::Error::from)?;
