@@ -58,6 +58,17 @@ fn client_context(sampled: bool) -> (String, String, String) {
     (trace, parent, header)
 }
 
+/// What `[tracing]` adds to every export reached `receiver`: the resource attribute on the
+/// server span, and the collector's auth header on each export.
+fn as_configured(receiver: &Receiver, server: &Span) {
+    assert_eq!(server.resource["deployment.environment"], "ci");
+    let tokens = receiver.header_values("authorization");
+    assert!(
+        !tokens.is_empty() && tokens.iter().all(|t| t == COLLECTOR_TOKEN),
+        "{tokens:?}"
+    );
+}
+
 /// The `traceparent` headers a simulator received.
 fn received(sim: &sluice::sim::SimHandle) -> Vec<String> {
     received_as(sim, "traceparents")
@@ -113,13 +124,7 @@ async fn a_client_trace_holds_sluices_phases_and_reaches_the_engine() {
         "the client's span is its parent"
     );
     assert_eq!(server.service, "sluice-test");
-    // The resource attributes and the collector's auth header from `[tracing]`.
-    assert_eq!(server.resource["deployment.environment"], "ci");
-    let tokens = receiver.header_values("authorization");
-    assert!(
-        !tokens.is_empty() && tokens.iter().all(|t| t == COLLECTOR_TOKEN),
-        "{tokens:?}"
-    );
+    as_configured(&receiver, server);
     for (key, want) in [
         ("gen_ai.operation.name", "chat"),
         ("gen_ai.request.model", MODEL),
@@ -456,13 +461,8 @@ async fn spans_reach_a_grpc_collector() {
     let server = one(&spans, "POST /v1/chat/completions");
     assert_eq!(server.parent_span_id, parent);
     assert_eq!(server.service, "sluice");
-    assert_eq!(server.resource["deployment.environment"], "ci");
     // gRPC carries the collector's auth header as metadata.
-    let tokens = receiver.header_values("authorization");
-    assert!(
-        !tokens.is_empty() && tokens.iter().all(|t| t == COLLECTOR_TOKEN),
-        "{tokens:?}"
-    );
+    as_configured(&receiver, server);
     assert_eq!(server.attr("sluice.stream"), "true");
     let stream = one(&spans, "sluice.stream");
     assert_eq!(stream.attr("sluice.complete"), "true");
@@ -608,13 +608,8 @@ async fn spans_reach_an_https_http_collector() {
     let server = one(&spans, "POST /v1/chat/completions");
     assert_eq!(server.parent_span_id, parent);
     assert_eq!(server.service, "sluice");
-    assert_eq!(server.resource["deployment.environment"], "ci");
     // The collector's auth header, over TLS.
-    let tokens = receiver.header_values("authorization");
-    assert!(
-        !tokens.is_empty() && tokens.iter().all(|t| t == COLLECTOR_TOKEN),
-        "{tokens:?}"
-    );
+    as_configured(&receiver, server);
     assert_eq!(server.attr("sluice.stream"), "true");
     assert_eq!(
         one(&spans, "sluice.attempt").attr("sluice.attempt.outcome"),
