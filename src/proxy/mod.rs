@@ -87,7 +87,7 @@ pub async fn handle(gw: Arc<Gateway>, api: &'static dyn ClientApi, req: Request<
     record.client = crate::telemetry::access::client_addr(req.extensions());
     let rt = gw.runtime();
     if let Some(otel) = &rt.otel {
-        record.trace = Some(server_span(otel, api, req.headers(), &record.request_id));
+        record.trace = Some(server_span(otel, api, req.headers(), &record));
     }
     // (the connection's service puts the request id on the response, as on every response)
     match proxy(&gw, &rt, api, req, &mut record).await {
@@ -106,15 +106,15 @@ fn server_span(
     otel: &Tracing,
     api: &dyn ClientApi,
     headers: &HeaderMap,
-    request_id: &str,
+    record: &AccessRecord,
 ) -> RequestTrace {
-    let trace = otel.request(headers, || format!("POST {}", api.path()));
+    let trace = otel.request(headers, record.started, || format!("POST {}", api.path()));
     trace.set(|| {
         [
             KeyValue::new("gen_ai.operation.name", operation(api.label())),
             KeyValue::new("http.request.method", "POST"),
             KeyValue::new("url.path", api.path()),
-            KeyValue::new("sluice.request_id", request_id.to_string()),
+            KeyValue::new("sluice.request_id", record.request_id.clone()),
         ]
     });
     trace

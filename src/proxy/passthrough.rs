@@ -60,7 +60,7 @@ pub async fn handle(gw: Arc<Gateway>, req: Request<Body>) -> Response {
         // named by the rule, not the path: a path may carry ids
         if let Some(rule) = rule_for(&rt.config, req.uri().path()) {
             let name = || format!("{} {}", req.method(), rule.prefix);
-            record.trace = Some(otel.request(req.headers(), name));
+            record.trace = Some(otel.request(req.headers(), record.started, name));
         }
     }
     match forward(&gw, &rt, req, &mut record).await {

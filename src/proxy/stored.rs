@@ -76,7 +76,7 @@ pub async fn handle(
     let rt = gw.runtime();
     if let Some(otel) = &rt.otel {
         let name = || format!("{} {}/{{id}}", call.method(), api.path());
-        record.trace = Some(otel.request(req.headers(), name));
+        record.trace = Some(otel.request(req.headers(), record.started, name));
     }
     let result = forward(&gw, &rt, api, call, &id, req, &mut record).await;
     let response = result.unwrap_or_else(|err| {

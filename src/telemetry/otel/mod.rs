@@ -129,15 +129,16 @@ impl Tracing {
         })
     }
 
-    /// The server span of one request named `name()` (`POST /v1/chat/completions`), a child
-    /// of the client's `traceparent` when it sent a valid one; for an unsampled request no
-    /// span, and `name` is not called.
+    /// The server span of one request that `arrived` then, named `name()` (`POST
+    /// /v1/chat/completions`), a child of the client's `traceparent` when it sent a valid one;
+    /// for an unsampled request no span, and `name` is not called.
     pub fn request(
         &self,
         headers: &http::HeaderMap,
+        arrived: std::time::Instant,
         name: impl FnOnce() -> String,
     ) -> RequestTrace {
-        RequestTrace::start(&self.tracer, self.sampler.decide(headers), name)
+        RequestTrace::start(&self.tracer, self.sampler.decide(headers), arrived, name)
     }
 }
 

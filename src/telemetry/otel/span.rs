@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use opentelemetry::propagation::Extractor;
 use opentelemetry::trace::{
@@ -39,19 +39,24 @@ enum Server {
 
 impl RequestTrace {
     /// The server span named `name()` as `decision` says (`name` is called only when it is
-    /// sampled).
+    /// sampled), starting when the request `arrived`: the origin every later offset of the
+    /// request path (`sent_after`, the TTFT) is measured from.
     pub(super) fn start(
         tracer: &SdkTracer,
         decision: Decision,
+        arrived: Instant,
         name: impl FnOnce() -> String,
     ) -> RequestTrace {
         let (parent, trace_id) = match decision {
             Decision::Drop(ids) => return RequestTrace(Arc::new(Server::Unsampled(ids))),
             Decision::Sample(parent, trace_id) => (parent, trace_id),
         };
+        let now = SystemTime::now();
+        let started = now.checked_sub(arrived.elapsed()).unwrap_or(now);
         let mut builder = tracer
             .span_builder(name())
             .with_kind(SpanKind::Server)
+            .with_start_time(started)
             .with_sampling_result(SamplingResult {
                 decision: SamplingDecision::RecordAndSample,
                 attributes: Vec::new(),
@@ -64,7 +69,7 @@ impl RequestTrace {
         RequestTrace(Arc::new(Server::Sampled {
             cx: parent.with_span(span),
             tracer: tracer.clone(),
-            started: SystemTime::now(),
+            started,
         }))
     }
 
