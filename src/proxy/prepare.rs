@@ -53,7 +53,7 @@ pub(super) struct Prepared {
     /// Run by the gateway in the background: it gives way, never asks ([`MakeRoom`]).
     ///
     /// [`MakeRoom`]: crate::fleet::make_room::MakeRoom
-    pub(super) background: Option<crate::fleet::make_room::Background>,
+    pub(super) background: Option<Background>,
     /// The one backend that holds what the request refers to (its only candidate).
     pub(super) pin: Option<Pin>,
     /// The request translated to chat completions, for the candidates that do not speak its

@@ -49,7 +49,8 @@ use opentelemetry::KeyValue;
 /// The continuation being set up: the backend answered, or why it did not.
 pub type Started<B> = Pin<Box<dyn Future<Output = Result<Switch<B>, String>> + Send>>;
 
-/// What starts a continuation of the transcript it is given.
+/// What starts a continuation of the transcript it is given, after the stream broke for the
+/// reason it is given.
 pub type Starter<B> = Box<dyn FnOnce(Transcript, String) -> Started<B> + Send>;
 
 /// A backend that took over a broken stream: its body, its share of the load, and the edits

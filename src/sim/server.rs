@@ -119,14 +119,14 @@ pub(crate) struct Sim {
     /// vLLM's `lora_requests_info` series, written by the engine (`--enable-lora`).
     lora_info: Option<Arc<LoraInfo>>,
     /// The W3C trace context (`traceparent`, and `tracestate` when sent) of the last
-    /// [`TRACEPARENTS_KEPT`] inference requests that had one: a real vLLM makes its request
+    /// [`TRACE_CONTEXTS_KEPT`] inference requests that had one: a real vLLM makes its request
     /// span a child of it (`--otlp-traces-endpoint`); the simulator shows what it was given
     /// in `/sim/state`.
-    traceparents: std::sync::Mutex<std::collections::VecDeque<(String, Option<String>)>>,
+    trace_contexts: std::sync::Mutex<std::collections::VecDeque<(String, Option<String>)>>,
 }
 
-/// How many received `traceparent` headers `/sim/state` shows.
-const TRACEPARENTS_KEPT: usize = 64;
+/// How many received trace contexts `/sim/state` shows.
+const TRACE_CONTEXTS_KEPT: usize = 64;
 
 impl Sim {
     /// The simulator of `config`, its schedulers and its KV-event publisher started (inside a
@@ -202,7 +202,7 @@ impl Sim {
             kv,
             loras,
             lora_info,
-            traceparents: Default::default(),
+            trace_contexts: Default::default(),
             config,
         })
     }
@@ -407,8 +407,8 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Result<Response<SimBod
             .headers()
             .get("tracestate")
             .and_then(|v| v.to_str().ok());
-        let mut kept = sim.traceparents.lock().unwrap_or_else(|p| p.into_inner());
-        if kept.len() == TRACEPARENTS_KEPT {
+        let mut kept = sim.trace_contexts.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.len() == TRACE_CONTEXTS_KEPT {
             kept.pop_front();
         }
         kept.push_back((tp.to_string(), state.map(str::to_string)));
@@ -582,7 +582,7 @@ pub(crate) fn state_json(sim: &Sim) -> Vec<u8> {
     let (since, remaining) = sim.fault.since_and_remaining();
     let c = &sim.counters;
     let contexts: Vec<(String, Option<String>)> = sim
-        .traceparents
+        .trace_contexts
         .lock()
         .map(|k| k.iter().cloned().collect())
         .unwrap_or_default();

@@ -32,6 +32,8 @@ enum Server {
     Sampled {
         cx: Context,
         tracer: SdkTracer,
+        /// The request's arrival on the wall clock: the server span's start, and the origin
+        /// of the offsets a phase placed after the fact is given.
         started: SystemTime,
     },
     Unsampled(Unsampled),
