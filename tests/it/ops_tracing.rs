@@ -58,8 +58,8 @@ fn client_context(sampled: bool) -> (String, String, String) {
     (trace, parent, header)
 }
 
-/// What `[tracing]` adds to every export reached `receiver`: the resource attribute on the
-/// server span, and the collector's auth header on each export.
+/// What `[tracing]` adds to every export that reached `receiver`: the resource attribute on
+/// the server span, and the collector's auth header on each export.
 fn as_configured(receiver: &Receiver, server: &Span) {
     assert_eq!(server.resource["deployment.environment"], "ci");
     let tokens = receiver.header_values("authorization");

@@ -31,7 +31,6 @@ pub struct Span {
     pub attrs: BTreeMap<String, String>,
     /// OTLP's status code (0 unset, 1 ok, 2 error).
     pub status: i32,
-    pub events: Vec<String>,
     /// The resource's `service.name`.
     pub service: String,
     /// Every resource attribute, as text.
@@ -255,7 +254,6 @@ fn flatten(req: ExportTraceServiceRequest) -> Vec<Span> {
                     kind: s.kind,
                     attrs,
                     status: s.status.map(|st| st.code).unwrap_or(0),
-                    events: s.events.into_iter().map(|e| e.name).collect(),
                     service: service.clone(),
                     resource: resource.clone(),
                     start_ns: s.start_time_unix_nano,
