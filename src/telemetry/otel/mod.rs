@@ -7,11 +7,15 @@
 //!                                           the span queue (batch) → OTLP exporter (for an
 //!                                           https collector, hyper-rustls's connector with
 //!                                           the caller's rustls config, under either protocol)
-//! Tracing::request(headers, name)           the sampling decision first ([`sampling`]), then
-//!                                           the server span, child of the client's
-//!                                           `traceparent` when it sent one ([`RequestTrace`]);
-//!                                           an unsampled request gets ids only
+//! Tracing::request(headers, arrived, name)  the sampling decision first ([`sampling`]), then
+//!                                           the server span from `arrived`, child of the
+//!                                           client's `traceparent` when it sent one
+//!                                           ([`RequestTrace`]); an unsampled request gets ids
+//!                                           only
 //! RequestTrace::phase(name)                 a phase's span under it ([`Phase`]);
+//! RequestTrace::past_phase(name, from..to)  a phase known only once over (a stream's wait
+//!                                           for its first token), placed by its offsets
+//!                                           from the request's arrival;
 //! Phase::child(name)                        a span inside a phase (the fair-queue wait);
 //! Phase::inject(headers)                    `traceparent`/`tracestate` for a backend
 //! ```
