@@ -2,7 +2,7 @@
 //! result, every change one ACID transaction made durable (fsync) before it returns.
 //!
 //! Invariants:
-//! - A line's result is written at most once: [`Store::record_line`] inserts it only when the
+//! - A line's result is written at most once: [`Store::record_lines`] inserts it only when the
 //!   line has none, in the same transaction that counts it on its batch, so a line that ran
 //!   twice (in flight at a crash, run again after) is counted and kept once.
 //! - What a committed transaction wrote survives a crash of the process at any point

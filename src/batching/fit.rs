@@ -1,4 +1,4 @@
-//! The engine's [`Timing`] fitted from what the engine itself reports: its step costs
+//! The engine's [`Timing`](super::Timing) fitted from what the engine itself reports: its step costs
 //! (`prefill_per_token`, `decode_base`, `decode_per_seq`), each with a standard error, and the
 //! ranges of batch size and prompt length the measurements covered.
 //!

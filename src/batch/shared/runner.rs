@@ -4,6 +4,8 @@
 //! the local runner does, and commits the chunk's results whole; a batch with every chunk
 //! committed (or cancelled, or expired) is finalized under its own lease.
 //!
+//! [`Folder::transition`]: super::folder::Folder::transition
+//!
 //! Invariants:
 //! - A chunk is committed only with a result for every one of its lines; a chunk given up
 //!   (lease lost, batch cancelled, a line's task failed, the replica stopped) commits
