@@ -1,6 +1,6 @@
-//! The engine's [`Timing`](super::Timing) fitted from what the engine itself reports: its step costs
-//! (`prefill_per_token`, `decode_base`, `decode_per_seq`), each with a standard error, and the
-//! ranges of batch size and prompt length the measurements covered.
+//! The engine's [`Timing`](super::Timing) fitted from what the engine itself reports: its step
+//! costs (`prefill_per_token`, `decode_base`, `decode_per_seq`), each with a standard error,
+//! and the ranges of batch size and prompt length the measurements covered.
 //!
 //! # Input
 //! An engine exposes cumulative counters and histograms; their change between two scrapes is

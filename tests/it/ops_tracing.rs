@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use sluice::sim::{Fault, FaultMode, SimConfig, SimKind};
 
 use crate::support;
-use support::otlp::{named, one, Receiver, Span, COLLECTOR_TOKEN};
+use support::otlp::{export_extras, named, one, Receiver, Span, COLLECTOR_TOKEN};
 use support::*;
 
 const MODEL: &str = "m";
@@ -56,17 +56,6 @@ fn client_context(sampled: bool) -> (String, String, String) {
     let flags = if sampled { "01" } else { "00" };
     let header = format!("00-{trace}-{parent}-{flags}");
     (trace, parent, header)
-}
-
-/// What `[tracing]` adds to every export that reached `receiver`: the resource attribute on
-/// the server span, and the collector's auth header on each export.
-fn as_configured(receiver: &Receiver, server: &Span) {
-    assert_eq!(server.resource["deployment.environment"], "ci");
-    let tokens = receiver.header_values("authorization");
-    assert!(
-        !tokens.is_empty() && tokens.iter().all(|t| t == COLLECTOR_TOKEN),
-        "{tokens:?}"
-    );
 }
 
 /// The `traceparent` headers a simulator received.
@@ -124,7 +113,7 @@ async fn a_client_trace_holds_sluices_phases_and_reaches_the_engine() {
         "the client's span is its parent"
     );
     assert_eq!(server.service, "sluice-test");
-    as_configured(&receiver, server);
+    receiver.assert_configured(server);
     for (key, want) in [
         ("gen_ai.operation.name", "chat"),
         ("gen_ai.request.model", MODEL),
@@ -462,7 +451,7 @@ async fn spans_reach_a_grpc_collector() {
     assert_eq!(server.parent_span_id, parent);
     assert_eq!(server.service, "sluice");
     // gRPC carries the collector's auth header as metadata.
-    as_configured(&receiver, server);
+    receiver.assert_configured(server);
     assert_eq!(server.attr("sluice.stream"), "true");
     let stream = one(&spans, "sluice.stream");
     assert_eq!(stream.attr("sluice.complete"), "true");
@@ -567,11 +556,10 @@ async fn https_tracing(
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, ca).unwrap();
     let tracing = format!(
-        "[tracing]\notlp_endpoint = \"https://{host}:{}\"\nprotocol = \"{protocol}\"\nexport_interval = \"50ms\"\nca_file = \"{}\"\n\
-         headers = {{ authorization = \"{COLLECTOR_TOKEN}\" }}\n\
-         resource = {{ \"deployment.environment\" = \"ci\" }}\n",
+        "[tracing]\notlp_endpoint = \"https://{host}:{}\"\nprotocol = \"{protocol}\"\nexport_interval = \"50ms\"\nca_file = \"{}\"\n{}",
         front.port(),
-        ca_file.display()
+        ca_file.display(),
+        export_extras()
     );
     (dir, tracing)
 }
@@ -611,7 +599,7 @@ async fn spans_reach_an_https_http_collector() {
     assert_eq!(server.parent_span_id, parent);
     assert_eq!(server.service, "sluice");
     // The collector's auth header, over TLS.
-    as_configured(&receiver, server);
+    receiver.assert_configured(server);
     assert_eq!(server.attr("sluice.stream"), "true");
     assert_eq!(
         one(&spans, "sluice.attempt").attr("sluice.attempt.outcome"),

@@ -18,6 +18,16 @@ use super::poll;
 /// The `authorization` header [`Receiver::config`] has every export carry.
 pub const COLLECTOR_TOKEN: &str = "Bearer collector-token";
 
+/// `[tracing]` keys every test collector checks for ([`Receiver::assert_configured`]): a
+/// collector token ([`COLLECTOR_TOKEN`]) and a resource attribute
+/// (`deployment.environment = "ci"`), as inline tables so keys can still be appended.
+pub fn export_extras() -> String {
+    format!(
+        "headers = {{ authorization = \"{COLLECTOR_TOKEN}\" }}\n\
+         resource = {{ \"deployment.environment\" = \"ci\" }}\n"
+    )
+}
+
 /// One received span, its ids in lowercase hex (an empty parent: a root span).
 #[derive(Debug, Clone)]
 pub struct Span {
@@ -125,16 +135,26 @@ impl Receiver {
         Receiver { addr, kept }
     }
 
-    /// The `[tracing]` section sending to this receiver, exporting every 50 ms, with a
-    /// collector token ([`COLLECTOR_TOKEN`]) and a resource attribute
-    /// (`deployment.environment = "ci"`) as inline tables, so keys can still be appended.
+    /// The `[tracing]` section sending to this receiver, exporting every 50 ms, with
+    /// [`export_extras`].
     pub fn config(&self) -> String {
         format!(
-            "[tracing]\notlp_endpoint = \"http://{}\"\nexport_interval = \"50ms\"\nservice_name = \"sluice-test\"\n\
-             headers = {{ authorization = \"{COLLECTOR_TOKEN}\" }}\n\
-             resource = {{ \"deployment.environment\" = \"ci\" }}\n",
-            self.addr
+            "[tracing]\notlp_endpoint = \"http://{}\"\nexport_interval = \"50ms\"\n\
+             service_name = \"sluice-test\"\n{}",
+            self.addr,
+            export_extras()
         )
+    }
+
+    /// What [`export_extras`] asks of every export that reached this receiver: the resource
+    /// attribute on `server` (a server span), and the collector's auth header on each export.
+    pub fn assert_configured(&self, server: &Span) {
+        assert_eq!(server.resource["deployment.environment"], "ci");
+        let tokens = self.header_values("authorization");
+        assert!(
+            !tokens.is_empty() && tokens.iter().all(|t| t == COLLECTOR_TOKEN),
+            "{tokens:?}"
+        );
     }
 
     /// The values of header `name` on every export received so far.
